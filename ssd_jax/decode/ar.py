@@ -1,0 +1,91 @@
+"""Autoregressive decoding: the paper's AR baseline (one target forward per token)."""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import model, sampling
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..metrics import RequestStats
+from .base import DecodeOptions, DecodeResult, StreamFn, cache_slots, pad_prompts, prefill
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p, cfg: ModelConfig,
+            attn_impl: str = "ref"):
+  """Returns (next tokens [B], cache) after appending `tokens` [B] to every row.
+
+  Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, shapes;
+  temperature, top_p and step are dynamic, so one program serves the whole decode loop.
+  """
+  logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl)
+  keys = sampling.row_keys(key, step, tokens.shape[0])
+  probs = sampling.processed_probs(logits[:, 0], temperature, top_p)
+  nxt = jax.vmap(sampling.sample)(keys, probs)
+  nxt = model.to_token_ids(params, nxt, cfg)
+  return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
+
+
+def first_tokens(params, logits, key, temperature, top_p, cfg: ModelConfig):
+  """Samples the token that follows each prompt from prefill logits [B, V_out] (step 0 of the key schedule)."""
+  keys = sampling.row_keys(key, 0, logits.shape[0])
+  probs = sampling.processed_probs(logits, temperature, top_p)
+  return model.to_token_ids(params, jax.vmap(sampling.sample)(keys, probs), cfg)
+
+
+class ARDecoder:
+  """Greedy or sampled autoregressive decoding of a batch of ragged prompts."""
+
+  mode = "ar"
+
+  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "ref"):
+    self.cfg, self.params, self.attn_impl = cfg, params, attn_impl
+
+  def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
+               ) -> list[DecodeResult]:
+    opts.validate()
+    cfg, params = self.cfg, self.params
+    tokens, lengths = pad_prompts(prompts)
+    b = len(prompts)
+    slots = cache_slots(cfg, int(lengths.max()), opts.max_new_tokens)
+    cache = KVCache.init(cfg, b, slots, params["embed"].dtype)
+    key = jax.random.key(opts.seed)
+    temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
+
+    t0 = time.perf_counter()
+    logits, cache = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), cache, cfg, self.attn_impl)
+    cur = first_tokens(params, logits, key, temp, top_p, cfg)
+    cur_np = np.asarray(cur)
+    t_prefill = time.perf_counter() - t0
+
+    out = [[int(cur_np[i])] for i in range(b)]
+    done = np.array([cur_np[i] == eos or opts.max_new_tokens <= 1 for i in range(b)])
+    forwards = np.ones(b, np.int64)
+    finish = np.full(b, time.perf_counter())
+    if stream is not None:
+      stream(0, out[0][:])
+    step = 1
+    while not done.all():
+      cur, cache = ar_step(params, cache, cur, jnp.asarray(done), key, step, temp, top_p, cfg, self.attn_impl)
+      cur_np = np.asarray(cur)
+      now = time.perf_counter()
+      for i in np.flatnonzero(~done):
+        out[i].append(int(cur_np[i]))
+        forwards[i] += 1
+        if cur_np[i] == eos or len(out[i]) >= opts.max_new_tokens:
+          done[i] = True
+          finish[i] = now
+        if i == 0 and stream is not None:
+          stream(0, [int(cur_np[0])])
+      step += 1
+    t_start = t0 + t_prefill
+    return [DecodeResult(out[i], RequestStats(mode=self.mode, new_tokens=len(out[i]), target_forwards=int(forwards[i]),
+                                              prefill_seconds=t_prefill, decode_seconds=float(finish[i] - t_start)))
+            for i in range(b)]

@@ -1,0 +1,174 @@
+"""A Llama-architecture decoder as pure functions over a params pytree.
+
+One code path serves the target and the draft. Params are a dict pytree (functional Flax style: no module state):
+
+  embed       [V, d]            token embeddings (also the LM head when tied); [V_out, d] with a reduced vocabulary
+  layers      a list of L dicts: attn_norm [d], wq [d,H*D], wk/wv [d,G*D], wo [H*D,d],
+                                (bq [H*D], bk/bv [G*D] with attention biases), mlp_norm [d],
+                                w_gate/w_up [d,F], w_down [F,d]
+              (a list, not arrays stacked over L: on XLA:CPU a scan over stacked weights measured 25-50% slower
+              per step than the unrolled loop, and slicing a stacked array inside jit copies it)
+  final_norm  [d]
+  lm_head     [d, V_out]        only when untied
+  head_ids    [V_out] int32     only with a reduced vocabulary: token id of each embedding/head row
+  vocab_map   [V] int32         only with a reduced vocabulary: row of each token id (unknown tokens -> row 0)
+
+Shapes use: B batch, T new tokens, S cache slots, H query heads, G kv heads, D head dim, V vocab.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .config import ModelConfig
+from .kernels import MaskInfo, attention, causal_mask_info
+from .kv_cache import KVCache
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+  """Returns x / rms(x) * w, computed in float32."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (y * w).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Returns x [B, T, N, D] rotated by RoPE at integer `positions` [B, T] (Hugging Face rotate-half layout)."""
+  d = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+  ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  cos = jnp.cos(ang)[:, :, None, :]
+  sin = jnp.sin(ang)[:, :, None, :]
+  x1, x2 = x[..., : d // 2].astype(jnp.float32), x[..., d // 2:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def init_params(key: jax.Array, cfg: ModelConfig, dtype=jnp.float32, scale: float = 0.02) -> dict:
+  """Returns randomly initialised params for `cfg` (tests and draft training)."""
+  d, H, G, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
+  key, k_embed, k_head = jax.random.split(key, 3)
+  n = lambda k, shape, s=scale: (jax.random.normal(k, shape, jnp.float32) * s).astype(dtype)
+  layers = []
+  for lk in jax.random.split(key, cfg.n_layers):
+    ks = jax.random.split(lk, 10)
+    lp = {"attn_norm": jnp.ones((d,), dtype), "mlp_norm": jnp.ones((d,), dtype),
+          "wq": n(ks[0], (d, H * D)), "wk": n(ks[1], (d, G * D)), "wv": n(ks[2], (d, G * D)), "wo": n(ks[3], (H * D, d)),
+          "w_gate": n(ks[4], (d, F)), "w_up": n(ks[5], (d, F)), "w_down": n(ks[6], (F, d))}
+    if cfg.attn_bias:
+      lp.update(bq=n(ks[7], (H * D,)), bk=n(ks[8], (G * D,)), bv=n(ks[9], (G * D,)))
+    layers.append(lp)
+  params = {"embed": n(k_embed, (cfg.embed_rows, d), 1.0), "layers": layers, "final_norm": jnp.ones((d,), dtype)}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = n(k_head, (d, cfg.out_vocab))
+  if cfg.head_vocab is not None:
+    params["head_ids"] = jnp.arange(cfg.head_vocab, dtype=jnp.int32)
+    params["vocab_map"] = jnp.where(jnp.arange(cfg.vocab_size) < cfg.head_vocab, jnp.arange(cfg.vocab_size), 0
+                                    ).astype(jnp.int32)
+  return params
+
+
+def check_params(params: dict, cfg: ModelConfig) -> None:
+  """Raises ValueError with a readable message if `params` do not have the shapes `cfg` asks for."""
+  expected = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+  exp_flat = {jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(expected)}
+  got_flat = {jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
+  if set(exp_flat) != set(got_flat):
+    raise ValueError(f"params keys differ from config {cfg.name!r}: missing {sorted(set(exp_flat) - set(got_flat))}, "
+                     f"unexpected {sorted(set(got_flat) - set(exp_flat))}")
+  bad = [f"{k}: {got_flat[k]} != {exp_flat[k]}" for k in exp_flat if tuple(got_flat[k]) != tuple(exp_flat[k])]
+  if bad:
+    raise ValueError(f"params shapes differ from config {cfg.name!r}: " + "; ".join(bad))
+
+
+def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg: ModelConfig, attn_impl: str):
+  """One transformer block. Writes the new K/V into this layer's cache [B, S, G, D]; returns (x, k_cache, v_cache)."""
+  b, t, _ = x.shape
+  H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+  q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
+  if cfg.attn_bias:
+    q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+  q = apply_rope(q.reshape(b, t, H, D), positions, cfg.rope_theta)
+  k = apply_rope(k.reshape(b, t, G, D), positions, cfg.rope_theta)
+  rows = jnp.arange(b)[:, None]
+  # Out-of-range slots (padding) are dropped rather than clamped onto real entries.
+  k_cache = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+  v_cache = v_cache.at[rows, write_slots].set(v.reshape(b, t, G, D).astype(v_cache.dtype), mode="drop")
+  o = attention(q, k_cache, v_cache, mask, impl=attn_impl)
+  x = x + o.reshape(b, t, H * D) @ lp["wo"]
+  h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+  x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+  return x, k_cache, v_cache
+
+
+def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
+                  attn_impl: str = "ref"):
+  """Returns (final-normed hidden states [B, T, d], cache with new K/V written; lengths unchanged)."""
+  x = params["embed"][embed_rows(params, tokens, cfg)]
+  ks, vs = [], []
+  for lp, kc, vc in zip(params["layers"], cache.k, cache.v):
+    x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl)
+    ks.append(kc)
+    vs.append(vc)
+  x = rms_norm(x, params["final_norm"], cfg.rms_eps)
+  return x, cache.replace(k=ks, v=vs)
+
+
+def lm_head(params, x, cfg: ModelConfig):
+  """Returns logits [..., V_out] (float32) from final hidden states."""
+  if cfg.tie_embeddings:
+    return jnp.einsum("...d,vd->...v", x, params["embed"]).astype(jnp.float32)
+  return (x @ params["lm_head"]).astype(jnp.float32)
+
+
+def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
+            logit_index=None, attn_impl: str = "ref"):
+  """Returns (logits, cache).
+
+  tokens, positions, write_slots: [B, T] int32 (RoPE position and cache slot of each new token); mask describes what
+  each query sees (see kernels.attention). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
+  (prefill only needs the last position of each row), else [B, T, V_out]. The cache's lengths are not changed: the
+  caller commits tokens by advancing lengths.
+  """
+  x, cache = hidden_states(params, tokens, positions, cache, write_slots, mask, cfg, attn_impl)
+  if logit_index is not None:
+    x = jnp.take_along_axis(x, logit_index[:, :, None], axis=1)
+  return lm_head(params, x, cfg), cache
+
+
+def forward_causal(params, tokens, cache: KVCache, cfg: ModelConfig, logit_index=None, attn_impl: str = "ref"):
+  """Returns (logits, cache) for tokens appended at each row's length (causal among themselves; lengths unchanged)."""
+  t = tokens.shape[1]
+  slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  return forward(params, tokens, slots, cache, slots, causal_mask_info(slots), cfg, logit_index, attn_impl)
+
+
+def forward_full(params, tokens, cfg: ModelConfig):
+  """Returns logits [B, T, V_out] of a plain causal forward over whole sequences (no cache kept; training, tests)."""
+  b, t = tokens.shape
+  cache = KVCache.init(cfg, b, t, params["embed"].dtype)
+  logits, _ = forward_causal(params, tokens, cache, cfg)
+  return logits
+
+
+def embed_rows(params, tokens, cfg: ModelConfig):
+  """Maps token ids to embedding rows (identity unless the vocabulary is reduced)."""
+  return tokens if cfg.head_vocab is None else params["vocab_map"][tokens]
+
+
+def to_token_ids(params, head_index, cfg: ModelConfig):
+  """Maps head rows to vocabulary token ids (identity unless the head vocabulary is reduced)."""
+  if cfg.head_vocab is None:
+    return head_index
+  return params["head_ids"][head_index]
+
+
+def scatter_to_vocab(params, probs_head, cfg: ModelConfig):
+  """Returns a distribution over the full vocabulary [..., V] from one over the head rows [..., V_out]."""
+  if cfg.head_vocab is None:
+    return probs_head
+  out = jnp.zeros(probs_head.shape[:-1] + (cfg.vocab_size,), probs_head.dtype)
+  return out.at[..., params["head_ids"]].set(probs_head)

@@ -1,0 +1,206 @@
+"""Draft-model training: data packing, target-derived initialisation, a jitted train step, agreement evaluation.
+
+The number that matters for speculation is **agreement with the target**: how often the draft's argmax equals the
+target's argmax at the same position. Evaluation reports it on held-out text; `scripts/eval_draft.py` measures it on
+the target's own answers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from . import model
+from .config import ModelConfig
+
+
+@dataclasses.dataclass
+class TrainConfig:
+  seq_len: int = 256
+  batch_size: int = 16
+  steps: int = 20000
+  lr: float = 1e-3
+  min_lr: float = 1e-4
+  warmup: int = 200
+  weight_decay: float = 0.01
+  clip: float = 1.0
+  seed: int = 0
+  eval_every: int = 200
+  save_every: int = 200
+  distill_weight: float = 0.0  # 0: hard labels only; >0: mix in KL to the target's distribution (costs a target forward)
+  eval_windows: int = 16
+
+
+# ----------------------------------------------------------------------------------------------------------- data
+
+def tokenize_conversations(tok, conversations, progress: bool = True):
+  """Returns (ids uint16/int32 [N], loss mask uint8 [N]) of conversations concatenated in the chat template."""
+  from tqdm.auto import tqdm
+
+  from .datasets import chat_pieces
+
+  ids, mask = [], []
+  convs = list(conversations)
+  batch = 256
+  for i in tqdm(range(0, len(convs), batch), desc="tokenizing", disable=not progress, unit="batch"):
+    pieces = [chat_pieces(c) for c in convs[i:i + batch]]
+    flat = [p for ps in pieces for p in ps]
+    enc = tok.encode_batch([t for t, _ in flat])
+    for e, (_, m) in zip(enc, flat):
+      ids.extend(e)
+      mask.extend([int(m)] * len(e))
+  dtype = np.uint16 if tok.vocab_size <= 65536 else np.int32
+  return np.asarray(ids, dtype), np.asarray(mask, np.uint8)
+
+
+def make_windows(ids: np.ndarray, mask: np.ndarray, seq_len: int):
+  """Cuts the stream into non-overlapping windows of seq_len + 1 tokens: returns (tokens [W, T+1], mask [W, T+1])."""
+  w = (len(ids) - 1) // seq_len
+  if w < 1:
+    raise ValueError(f"need more than {seq_len} tokens of training text, got {len(ids)}")
+  idx = np.arange(w)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+  return ids[idx].astype(np.int32), mask[idx].astype(np.float32)
+
+
+def choose_head_vocab(ids: np.ndarray, mask: np.ndarray, vocab_size: int, size: int, always=(0, 1, 2)) -> np.ndarray:
+  """Returns the `size` token ids most frequent among loss-masked targets (plus `always`), sorted."""
+  counts = np.bincount(ids[mask.astype(bool)].astype(np.int64), minlength=vocab_size).astype(np.float64)
+  counts += 1e-3 * np.bincount(ids.astype(np.int64), minlength=vocab_size)  # break ties by overall frequency
+  counts[list(always)] = np.inf
+  return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
+
+
+# ------------------------------------------------------------------------------------------------------------ init
+
+def init_draft_from_target(key, cfg: ModelConfig, target_cfg: ModelConfig, target_params, head_ids: np.ndarray):
+  """Returns draft params whose embedding is the target's, restricted to `head_ids` and projected by PCA to d_model.
+
+  The target's embedding already places tokens meaningfully; a projection onto its top principal directions keeps
+  most of that in the draft's narrower space, and beats a random start by a wide margin early in training.
+  """
+  params = model.init_params(key, cfg)
+  e = np.asarray(target_params["embed"], np.float32)[head_ids]  # [Vh, d_t]
+  mu = e.mean(0, keepdims=True)
+  _, _, vt = np.linalg.svd(e - mu, full_matrices=False)
+  proj = vt[: cfg.d_model].T  # [d_t, d]
+  e_d = (e - mu) @ proj
+  # Rows of norm ~1: with the tied head and a unit-RMS final norm this keeps the initial logits O(1).
+  e_d = e_d / np.sqrt((e_d ** 2).sum(1).mean())
+  params["embed"] = jnp.asarray(e_d, jnp.float32)
+  if cfg.head_vocab is not None:
+    vocab_map = np.zeros((cfg.vocab_size,), np.int32)
+    vocab_map[head_ids] = np.arange(len(head_ids), dtype=np.int32)
+    params["head_ids"] = jnp.asarray(head_ids, jnp.int32)
+    params["vocab_map"] = jnp.asarray(vocab_map)
+  # Scale residual-branch outputs down so the randomly initialised blocks start near the identity.
+  for lp in params["layers"]:
+    lp["wo"] = lp["wo"] / np.sqrt(2 * cfg.n_layers)
+    lp["w_down"] = lp["w_down"] / np.sqrt(2 * cfg.n_layers)
+  return params
+
+
+# ----------------------------------------------------------------------------------------------------------- steps
+
+def make_optimizer(tc: TrainConfig):
+  sched = optax.warmup_cosine_decay_schedule(0.0, tc.lr, tc.warmup, max(tc.steps, tc.warmup + 1), tc.min_lr)
+  return optax.chain(optax.clip_by_global_norm(tc.clip), optax.adamw(sched, weight_decay=tc.weight_decay))
+
+
+def _label_rows(params, labels, cfg: ModelConfig):
+  """Returns (head row of each label, whether the label is in the draft's vocabulary)."""
+  if cfg.head_vocab is None:
+    return labels, jnp.ones(labels.shape, bool)
+  rows = params["vocab_map"][labels]
+  return rows, params["head_ids"][rows] == labels
+
+
+def loss_fn(params, batch, cfg: ModelConfig, teacher_probs=None, distill_weight: float = 0.0):
+  """Returns (mean loss over masked in-vocabulary targets, metrics)."""
+  tokens, mask = batch["tokens"], batch["mask"]
+  inp, labels, m = tokens[:, :-1], tokens[:, 1:], mask[:, 1:]
+  logits = model.forward_full(params, inp, cfg)
+  logp = jax.nn.log_softmax(logits, -1)
+  rows, known = _label_rows(params, labels, cfg)
+  m = m * known
+  nll = -jnp.take_along_axis(logp, rows[..., None], -1)[..., 0]
+  denom = jnp.maximum(m.sum(), 1.0)
+  ce = (nll * m).sum() / denom
+  loss = ce
+  if teacher_probs is not None and distill_weight > 0:
+    kl = -(teacher_probs * logp).sum(-1)
+    loss = (1 - distill_weight) * ce + distill_weight * (kl * m).sum() / denom
+  acc = ((jnp.argmax(logits, -1) == rows) * m).sum() / denom
+  return loss, {"ce": ce, "acc": acc}
+
+
+TABLES = ("head_ids", "vocab_map")
+
+
+def split_tables(params):
+  """Returns (trainable weights, integer token-id tables): the tables are data, not weights."""
+  return ({k: v for k, v in params.items() if k not in TABLES}, {k: v for k, v in params.items() if k in TABLES})
+
+
+def init_opt_state(opt, params):
+  return opt.init(split_tables(params)[0])
+
+
+def make_train_step(cfg: ModelConfig, opt, target_cfg: ModelConfig | None = None, distill_weight: float = 0.0):
+  """Returns a jitted step(params, opt_state, batch, target_params) -> (params, opt_state, metrics)."""
+
+  def teacher(target_params, params, tokens):
+    logits = model.forward_full(target_params, tokens[:, :-1], target_cfg)
+    if cfg.head_vocab is not None:
+      logits = logits[..., params["head_ids"]]
+    return jax.lax.stop_gradient(jax.nn.softmax(logits, -1))
+
+  def step(params, opt_state, batch, target_params):
+    tp = teacher(target_params, params, batch["tokens"]) if distill_weight > 0 else None
+    weights, tables = split_tables(params)
+    (loss, met), grads = jax.value_and_grad(
+        lambda w: loss_fn({**w, **tables}, batch, cfg, tp, distill_weight), has_aux=True)(weights)
+    updates, opt_state = opt.update(grads, opt_state, weights)
+    weights = optax.apply_updates(weights, updates)
+    return {**weights, **tables}, opt_state, dict(met, loss=loss)
+
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+def target_argmax(target_params, target_cfg: ModelConfig, tokens: np.ndarray, chunk: int = 4) -> np.ndarray:
+  """Returns the target's argmax token at every position of tokens[:, :-1] ([W, T] int32)."""
+  f = jax.jit(lambda p, t: jnp.argmax(model.forward_full(p, t, target_cfg), -1))
+  outs = [np.asarray(f(target_params, jnp.asarray(tokens[i:i + chunk, :-1]))) for i in range(0, len(tokens), chunk)]
+  return np.concatenate(outs).astype(np.int32)
+
+
+def agreement(params, cfg: ModelConfig, tokens: np.ndarray, mask: np.ndarray, target_top: np.ndarray) -> float:
+  """Returns the fraction of masked positions where the draft's argmax token equals the target's argmax token."""
+  f = jax.jit(lambda p, t: model.to_token_ids(p, jnp.argmax(model.forward_full(p, t, cfg), -1), cfg))
+  hits, total = 0.0, 0.0
+  for i in range(0, len(tokens), 4):
+    d = np.asarray(f(params, jnp.asarray(tokens[i:i + 4, :-1])))
+    m = mask[i:i + 4, 1:]
+    hits += float(((d == target_top[i:i + 4]) * m).sum())
+    total += float(m.sum())
+  return hits / max(total, 1.0)
+
+
+def params_nbytes(params) -> int:
+  return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(params)))
+
+
+def write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def now() -> float:
+  return time.perf_counter()
