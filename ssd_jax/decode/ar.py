@@ -13,7 +13,7 @@ from .. import model, sampling
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from ..metrics import RequestStats
-from .base import DecodeOptions, DecodeResult, StreamFn, cache_slots, pad_prompts, prefill
+from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
@@ -32,6 +32,7 @@ def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p,
   return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))
 def first_tokens(params, logits, key, temperature, top_p, cfg: ModelConfig):
   """Samples the token that follows each prompt from prefill logits [B, V_out] (step 0 of the key schedule)."""
   keys = sampling.row_keys(key, 0, logits.shape[0])
@@ -46,6 +47,7 @@ class ARDecoder:
 
   def __init__(self, cfg: ModelConfig, params, attn_impl: str = "ref"):
     self.cfg, self.params, self.attn_impl = cfg, params, attn_impl
+    self.programs = Programs()
 
   def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
                ) -> list[DecodeResult]:
@@ -57,11 +59,20 @@ class ARDecoder:
     cache = KVCache.init(cfg, b, slots, params["embed"].dtype)
     key = jax.random.key(opts.seed)
     temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    run = self.programs
+    st = dict(cfg=cfg, attn_impl=self.attn_impl)
+    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
+    zeros = jnp.zeros((b,), jnp.int32)
+    # Compile everything the loop needs before the clock starts.
+    for fn, args, kw in ((prefill, (params, tokens, lengths, cache), st),
+                         (first_tokens, (params, jnp.zeros((b, cfg.out_vocab)), key, temp, top_p), dict(cfg=cfg)),
+                         (ar_step, (params, cache, zeros, zeros > 0, key, jnp.int32(0), temp, top_p), st)):
+      run.compile_only(fn, *args, **kw)
     eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
 
     t0 = time.perf_counter()
-    logits, cache = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths), cache, cfg, self.attn_impl)
-    cur = first_tokens(params, logits, key, temp, top_p, cfg)
+    logits, cache = run(prefill, params, tokens, lengths, cache, **st)
+    cur = run(first_tokens, params, logits, key, temp, top_p, cfg=cfg)
     cur_np = np.asarray(cur)
     t_prefill = time.perf_counter() - t0
 
@@ -73,7 +84,7 @@ class ARDecoder:
       stream(0, out[0][:])
     step = 1
     while not done.all():
-      cur, cache = ar_step(params, cache, cur, jnp.asarray(done), key, step, temp, top_p, cfg, self.attn_impl)
+      cur, cache = run(ar_step, params, cache, cur, jnp.asarray(done), key, jnp.int32(step), temp, top_p, **st)
       cur_np = np.asarray(cur)
       now = time.perf_counter()
       for i in np.flatnonzero(~done):
@@ -87,5 +98,6 @@ class ARDecoder:
       step += 1
     t_start = t0 + t_prefill
     return [DecodeResult(out[i], RequestStats(mode=self.mode, new_tokens=len(out[i]), target_forwards=int(forwards[i]),
-                                              prefill_seconds=t_prefill, decode_seconds=float(finish[i] - t_start)))
+                                              prefill_seconds=t_prefill, decode_seconds=float(finish[i] - t_start),
+                                              extra={"compile_seconds": round(run.compile_seconds, 3)}))
             for i in range(b)]

@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Decode prompts with the embedded default models (SmolLM2-135M-Instruct target) or your own.
+
+  python scripts/decode.py                                   # a built-in prompt, greedy, prints answer and stats
+  python scripts/decode.py --prompt "Write a haiku" --temperature 0.7 --seed 1 --stream
+  python scripts/decode.py --prompts prompts.jsonl --json-out out.jsonl --batch-size 4
+
+--prompts takes one {"prompt": ...} object per line. --json-out writes one JSON object per prompt, in input order:
+{"prompt", "token_ids", "text", "stats"}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ssd_jax.cli_util import fail, run_main
+
+DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  src = p.add_mutually_exclusive_group()
+  src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+  src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
+  p.add_argument("--mode", default="ar", help="ar (sd and ssd are planned)")
+  p.add_argument("--target", default="smollm2-135m-instruct",
+                 help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
+  p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft, 'none')")
+  p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--batch-size", type=int, default=8)
+  p.add_argument("--ignore-eos", action="store_true", help="produce exactly --max-new-tokens tokens")
+  p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+  p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
+  p.add_argument("--json-out", help="write one JSON object per prompt to this file")
+  p.add_argument("--attention", default="ref", choices=["ref"], help="attention implementation")
+  return p.parse_args(argv)
+
+
+def read_prompts(args) -> list[str]:
+  if args.prompts:
+    if not os.path.exists(args.prompts):
+      fail(f"prompt file {args.prompts} does not exist")
+    prompts = []
+    with open(args.prompts, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          obj = json.loads(line)
+        except json.JSONDecodeError as e:
+          fail(f"{args.prompts}:{n}: not valid JSON ({e.msg})")
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+          fail(f"{args.prompts}:{n}: expected an object with a string \"prompt\"")
+        prompts.append(obj["prompt"])
+    if not prompts:
+      fail(f"prompt file {args.prompts} holds no prompts")
+    return prompts
+  prompts = args.prompt or [DEFAULT_PROMPT]
+  if any(not p.strip() for p in prompts):
+    fail("empty --prompt")
+  return prompts
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  from ssd_jax import api
+
+  if args.mode not in api.MODES:
+    if args.mode in api.PLANNED_MODES:
+      fail(f"--mode {args.mode} is not implemented yet; available: {', '.join(api.MODES)}")
+    fail(f"unknown --mode {args.mode!r}; choose from {', '.join(api.MODES)}")
+  if args.max_new_tokens < 1:
+    fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+  if args.batch_size < 1:
+    fail(f"--batch-size must be >= 1, got {args.batch_size}")
+  if args.temperature < 0 or not 0 < args.top_p <= 1:
+    fail("--temperature must be >= 0 and --top-p in (0, 1]")
+  prompts = read_prompts(args)
+  if args.stream and len(prompts) != 1:
+    fail("--stream needs exactly one prompt")
+
+  pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention)
+  ctx = pipe.target.cfg.max_seq_len
+  for i, p in enumerate(prompts):
+    n = len(pipe.encode_prompt(p, chat=not args.raw))
+    if n + args.max_new_tokens > ctx:
+      fail(f"prompt {i + 1} has {n} tokens; with --max-new-tokens {args.max_new_tokens} it exceeds the context of "
+           f"{ctx} tokens")
+
+  stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
+  gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                       top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
+                       chat=not args.raw, stream=stream)
+  if args.stream:
+    print()
+  if args.json_out:
+    with open(args.json_out, "w", encoding="utf-8") as f:
+      for g in gens:
+        f.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
+  for i, g in enumerate(gens):
+    if not args.stream:
+      if len(gens) > 1:
+        print(f"=== [{i + 1}] {g.prompt[:70]!r}")
+      print(g.text)
+    s = g.stats
+    print(f"--- {s['mode']}: {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, "
+          f"{s['tokens_per_target_forward']:.2f} tokens/target forward, prefill {s['prefill_seconds']:.2f} s",
+          file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  run_main(main)

@@ -1,0 +1,13 @@
+import os
+
+import pytest
+
+# Fake CPU devices for the placement/mesh tests; must be set before JAX is imported anywhere.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+  """The real SmolLM2-135M-Instruct pipeline (converted from the GGUF on first use), without a draft."""
+  import ssd_jax
+  return ssd_jax.load(draft=None)

@@ -1,0 +1,73 @@
+"""scripts/decode.py and scripts/train_draft.py as a user runs them."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(script, *args, timeout=600):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *args], capture_output=True,
+                        text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--mode", "nonsense"], "unknown --mode"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--prompts", "/nonexistent.jsonl"], "does not exist"),
+    (["--temperature", "-1"], "--temperature"),
+])
+def test_decode_bad_input_one_line_no_traceback(args, msg):
+  r = run("decode.py", *args)
+  assert r.returncode == 2
+  assert msg in r.stderr
+  assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_decode_empty_prompt_file(tmp_path):
+  f = tmp_path / "p.jsonl"
+  f.write_text("\n")
+  r = run("decode.py", "--prompts", str(f))
+  assert r.returncode == 2 and "holds no prompts" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_decode_json_out_and_prompt_too_long(tmp_path):
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["Say hi.", "What is 3+4?"]) + "\n")
+  out = tmp_path / "o.jsonl"
+  r = run("decode.py", "--prompts", str(prompts), "--json-out", str(out), "--max-new-tokens", "8", "--ignore-eos",
+          "--draft", "none")
+  assert r.returncode == 0, r.stderr
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [row["prompt"] for row in rows] == ["Say hi.", "What is 3+4?"]
+  for row in rows:
+    assert len(row["token_ids"]) == 8
+    s = row["stats"]
+    for k in ("mode", "new_tokens", "target_forwards", "tokens_per_target_forward", "prefill_seconds",
+              "decode_seconds", "tokens_per_second"):
+      assert k in s
+    assert s["mode"] == "ar" and s["new_tokens"] == 8
+  r = run("decode.py", "--prompt", "word " * 9000, "--draft", "none")
+  assert r.returncode == 2 and "exceeds the context" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_train_draft_tiny_smoke_and_resume(tmp_path):
+  work, out = tmp_path / "work", tmp_path / "draft"
+  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "held-out agreement" in r.stderr
+  extra = json.loads((out / "extra.json").read_text())
+  assert extra["train_tokens"] > 0 and 0 <= extra["heldout_agreement"] <= 1
+  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20",
+          "--steps", "4")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "resumed from step 3" in r.stderr
+  import ssd_jax
+  from ssd_jax import checkpoints
+  cfg, params, tok = checkpoints.load_model(str(out))
+  assert cfg.head_vocab == 512 and tok is not None

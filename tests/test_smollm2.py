@@ -1,0 +1,50 @@
+"""The real SmolLM2-135M-Instruct target: answers, tokenizer, chat template."""
+import pytest
+
+from ssd_jax.tokenizer import chat_template
+
+pytestmark = pytest.mark.slow
+
+
+def test_capital_of_france_greedy(smollm2):
+  g = smollm2.generate("What is the capital of France?", max_new_tokens=24)[0]
+  assert "Paris" in g.text
+  assert g.token_ids[-1] == smollm2.tokenizer.eos_id  # stopped at <|im_end|>
+  assert g.stats["new_tokens"] == len(g.token_ids) < 24
+
+
+@pytest.mark.parametrize("text", [
+    "Hello, world! The quick brown fox.",
+    "def f(x):\n    return x ** 2  # square\n",
+    "Order 66 costs $1,234.50 in 2024-03-07.",
+    "Ünïcödé: 日本語のテキスト, Ελληνικά, русский, emoji 🚀",
+])
+def test_tokenizer_round_trip(smollm2, text):
+  tok = smollm2.tokenizer
+  ids = tok.encode(text)
+  assert tok.decode(ids) == text
+
+
+def test_digits_are_split_one_by_one(smollm2):
+  tok = smollm2.tokenizer
+  ids = tok.encode("12345")
+  assert len(ids) == 5 and [tok.decode([i]) for i in ids] == list("12345")
+
+
+def test_chat_template_ids(smollm2):
+  tok = smollm2.tokenizer
+  text = chat_template([("user", "Hi")])
+  assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                  "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+  ids = tok.encode(text)
+  assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2  # <|im_start|> = 1, <|im_end|> = 2
+  assert tok.decode(ids[-3:], skip_special=False) == "<|im_start|>assistant\n"
+  assert tok.eos_id == 2
+
+
+def test_batch_ragged_prompts_match_single(smollm2):
+  prompts = ["What is 2+2?", "Name three colors of the rainbow, please, in a short list."]
+  batch = smollm2.generate(prompts, max_new_tokens=12, batch_size=2)
+  for p, g in zip(prompts, batch):
+    single = smollm2.generate(p, max_new_tokens=12)[0]
+    assert g.token_ids == single.token_ids
