@@ -25,7 +25,8 @@ def parse_args(argv=None):
   src = p.add_mutually_exclusive_group()
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
-  p.add_argument("--mode", default="ar", help="ar (sd and ssd are planned)")
+  p.add_argument("--mode", default="ar", help="ar or sd (ssd is planned)")
+  p.add_argument("--k", type=int, default=4, help="draft tokens per round (sd)")
   p.add_argument("--target", default="smollm2-135m-instruct",
                  help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft, 'none')")
@@ -77,6 +78,8 @@ def main(argv=None):
     fail(f"unknown --mode {args.mode!r}; choose from {', '.join(api.MODES)}")
   if args.max_new_tokens < 1:
     fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+  if args.k < 1:
+    fail(f"--k must be >= 1, got {args.k}")
   if args.batch_size < 1:
     fail(f"--batch-size must be >= 1, got {args.batch_size}")
   if args.temperature < 0 or not 0 < args.top_p <= 1:
@@ -86,6 +89,8 @@ def main(argv=None):
     fail("--stream needs exactly one prompt")
 
   pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention)
+  if args.mode == "sd" and pipe.draft is None:
+    fail("--mode sd needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   ctx = pipe.target.cfg.max_seq_len
   for i, p in enumerate(prompts):
     n = len(pipe.encode_prompt(p, chat=not args.raw))
@@ -96,7 +101,7 @@ def main(argv=None):
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
-                       chat=not args.raw, stream=stream)
+                       chat=not args.raw, stream=stream, k=args.k)
   if args.stream:
     print()
   if args.json_out:
@@ -110,8 +115,8 @@ def main(argv=None):
       print(g.text)
     s = g.stats
     print(f"--- {s['mode']}: {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, "
-          f"{s['tokens_per_target_forward']:.2f} tokens/target forward, prefill {s['prefill_seconds']:.2f} s",
-          file=sys.stderr)
+          f"{s['tokens_per_target_forward']:.2f} tokens/target forward, prefill {s['prefill_seconds']:.2f} s"
+          + (f", acceptance {s['acceptance_rate']:.2f}" if "acceptance_rate" in s else ""), file=sys.stderr)
   return 0
 
 

@@ -49,3 +49,33 @@ def sample_logits(key: jax.Array, logits: jax.Array, temperature, top_p) -> jax.
 def row_keys(key: jax.Array, step, batch: int) -> jax.Array:
   """Returns `batch` independent keys for one decode step: distinct per row and per step, fixed by the seed."""
   return jax.random.split(jax.random.fold_in(key, step), batch)
+
+
+def rejection_sample(key: jax.Array, p: jax.Array, q: jax.Array, draft_tokens: jax.Array):
+  """Returns (accept_len [B] int32 in 0..K, bonus token [B] int32): the lossless speculative-sampling rule.
+
+  p: [B, K+1, V] the target's processed distributions at the K+1 verified positions; q: [B, K, V] the exact processed
+  distributions the draft sampled draft_tokens [B, K] from. Draft token i is accepted with probability
+  min(1, p_i(s_i) / q_i(s_i)) (independent uniforms, per row), stopping at the first rejection; the bonus token is drawn
+  from normalize(max(0, p_k - q_k)) after a rejection at k, or from p_{K+1} when all K are accepted. With greedy
+  (one-hot) p and q this is exactly "accept while s_i == argmax p_i, then emit argmax p_k", so one rule serves all
+  temperatures and the emitted tokens are distributed as the target's.
+  """
+  b, k1, v = p.shape
+  k = k1 - 1
+  ku, kb = jax.random.split(key)
+  u = jax.random.uniform(ku, (b, k), jnp.float32)
+  p_s = jnp.take_along_axis(p[:, :k], draft_tokens[..., None], -1)[..., 0]
+  q_s = jnp.take_along_axis(q, draft_tokens[..., None], -1)[..., 0]
+  # u < p/q without dividing (q_s > 0 for a token the draft actually sampled).
+  accept = u * q_s < p_s
+  accept_len = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  q_pad = jnp.concatenate([q, jnp.zeros((b, 1, v), q.dtype)], axis=1)  # position K: bonus straight from p_{K+1}
+  p_k = jnp.take_along_axis(p, accept_len[:, None, None], 1)[:, 0]
+  q_k = jnp.take_along_axis(q_pad, accept_len[:, None, None], 1)[:, 0]
+  resid = jnp.maximum(p_k - q_k, 0.0)
+  mass = resid.sum(-1, keepdims=True)
+  # mass == 0 only if p_k == q_k, where a rejection has probability 0; fall back to p_k to stay well defined.
+  resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_k)
+  bonus = sample(kb, resid)
+  return accept_len, bonus

@@ -48,3 +48,25 @@ def test_batch_ragged_prompts_match_single(smollm2):
   for p, g in zip(prompts, batch):
     single = smollm2.generate(p, max_new_tokens=12)[0]
     assert g.token_ids == single.token_ids
+
+
+@pytest.fixture(scope="module")
+def real_pair(smollm2):
+  """The real target with the shipped draft."""
+  from ssd_jax import checkpoints
+  cfg, params, _ = checkpoints.load_model("default-draft")
+  return smollm2, cfg, params
+
+
+def test_greedy_sd_equals_ar_on_real_target(real_pair):
+  from ssd_jax.decode import ARDecoder, DecodeOptions
+  from ssd_jax.decode.sd import SDDecoder
+  pipe, dcfg, dparams = real_pair
+  prompts = [pipe.encode_prompt("What is the capital of France?"),
+             pipe.encode_prompt("Write a Python function that reverses a string.")]
+  opts = DecodeOptions(max_new_tokens=20, eos_id=pipe.tokenizer.eos_id)
+  tcfg, tparams = pipe.target.cfg, pipe.target.params
+  want = [r.token_ids for r in ARDecoder(tcfg, tparams).generate(prompts, opts)]
+  for k in (1, 4, 8):
+    got = SDDecoder(tcfg, tparams, dcfg, dparams, k=k).generate(prompts, opts)
+    assert [r.token_ids for r in got] == want, k

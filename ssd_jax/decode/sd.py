@@ -1,0 +1,198 @@
+"""Speculative decoding (the SD baseline): the draft proposes K tokens, the target verifies them in one forward.
+
+Per row the committed text is x_1..x_L; its last token x_L (the previous round's bonus) is in neither cache yet:
+the target cache holds L-1 tokens. A round:
+  draft:  feed [x_{L-1}, x_L] at slots L-2, L-1 (re-writing x_{L-1} is harmless and covers the case where the previous
+          round accepted all K drafts, whose last one the draft never fed), then K-1 single steps: s_1..s_K and the
+          exact processed distributions q_1..q_K they were drawn from;
+  target: feed [x_L, s_1..s_K] at slots L-1..L-1+K, giving p_1..p_{K+1};
+  accept: sampling.rejection_sample -> k accepted drafts and a bonus token; commit x_L, s_1..s_k: the target length
+          becomes L+k (a length update: rejected entries stay in the cache, invisible, and are overwritten later).
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import model, sampling
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..metrics import RequestStats
+from .ar import first_tokens
+from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
+
+
+def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k: int) -> None:
+  """Raises ValueError for a draft that cannot speculate for this target or a bad K."""
+  if draft_cfg.vocab_size != target_cfg.vocab_size:
+    raise ValueError(f"draft vocabulary ({draft_cfg.vocab_size}) differs from the target's ({target_cfg.vocab_size})")
+  if not isinstance(k, (int, np.integer)) or k < 1:
+    raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {k!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl"), donate_argnames=("cache",))
+def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, cfg: ModelConfig, k: int,
+                  attn_impl: str = "ref"):
+  """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache).
+
+  last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k.
+  """
+  b = last2.shape[0]
+  slots = lengths[:, None] - 2 + jnp.arange(2)[None, :]
+  slots = jnp.maximum(slots, 0)
+  from ..kernels import causal_mask_info
+  logits, cache = model.forward(params, last2, slots, cache, slots, causal_mask_info(slots), cfg,
+                                logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl)
+  keys = jax.random.split(key, k)
+
+  def draw(logits_row, kk):
+    probs = sampling.processed_probs(logits_row, temperature, top_p)  # over the draft's head vocabulary
+    tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)
+    return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)
+
+  tok, q = draw(logits[:, 0], keys[0])
+
+  def body(i, carry):
+    cache, toks, qs = carry
+    pos = lengths + i - 1  # slot of draft token i-1 (0-based): x_L sits at L-1
+    s = (pos)[:, None]
+    lg, cache = model.forward(params, toks[:, i - 1][:, None], s, cache, s, causal_mask_info(s), cfg,
+                              attn_impl=attn_impl)
+    t, qq = draw(lg[:, 0], keys[i])
+    return cache, toks.at[:, i].set(t), qs.at[:, i].set(qq)
+
+  toks = jnp.zeros((b, k), jnp.int32).at[:, 0].set(tok)
+  qs = jnp.zeros((b, k, q.shape[-1]), jnp.float32).at[:, 0].set(q)
+  cache, toks, qs = jax.lax.fori_loop(1, k, body, (cache, toks, qs))
+  return toks, qs, cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperature, top_p, cfg: ModelConfig,
+           attn_impl: str = "ref"):
+  """Returns (accept_len [B], bonus [B], cache) for one verification of [x_L, s_1..s_K] per row.
+
+  cache.lengths is L-1 on entry; on exit it is L+k for active rows (unchanged for inactive ones). Static: cfg and
+  shapes; temperature and top_p are dynamic.
+  """
+  tokens = jnp.concatenate([bonus_prev[:, None], drafts], axis=1)
+  logits, cache = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl)
+  p = sampling.processed_probs(logits, temperature, top_p)
+  accept_len, bonus = sampling.rejection_sample(key, p, q, drafts)
+  accept_len = jnp.where(active, accept_len, 0)
+  new_len = cache.lengths + jnp.where(active, 1 + accept_len, 0)
+  return accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))
+
+
+class SDDecoder:
+  """Speculative decoding with a colocated draft (the paper's SD baseline)."""
+
+  mode = "sd"
+
+  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
+               attn_impl: str = "ref"):
+    check_pair(target_cfg, draft_cfg, k)
+    self.tcfg, self.tparams, self.dcfg, self.dparams, self.k = target_cfg, target_params, draft_cfg, draft_params, k
+    self.attn_impl = attn_impl
+    self.programs = Programs()
+
+  def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
+               ) -> list[DecodeResult]:
+    opts.validate()
+    tcfg, dcfg, k, run = self.tcfg, self.dcfg, self.k, self.programs
+    tokens, lengths = pad_prompts(prompts)
+    b = len(prompts)
+    max_prompt = int(lengths.max())
+    if max_prompt + opts.max_new_tokens + k + 1 > tcfg.max_seq_len:
+      raise ValueError(f"K={k} needs {k + 1} cache slots past the text, but prompt ({max_prompt}) + max_new_tokens "
+                       f"({opts.max_new_tokens}) leave only {tcfg.max_seq_len - max_prompt - opts.max_new_tokens} "
+                       f"of the {tcfg.max_seq_len}-token context; lower K or max_new_tokens")
+    # K+1 lookahead slots: a round may write K+1 entries past the committed text before rolling back.
+    slots = cache_slots(tcfg, max_prompt, opts.max_new_tokens, lookahead=k + 2)
+    tcache = KVCache.init(tcfg, b, slots, self.tparams["embed"].dtype)
+    dcache = KVCache.init(dcfg, b, slots, self.dparams["embed"].dtype)
+    key = jax.random.key(opts.seed)
+    temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
+    st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
+    st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
+    tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+    zeros = jnp.zeros((b,), jnp.int32)
+    for fn, args, kw in ((prefill, (self.tparams, tokens_j, lengths_j, tcache), st_t),
+                         (prefill, (self.dparams, tokens_j, lengths_j, dcache), st_d),
+                         (first_tokens, (self.tparams, jnp.zeros((b, tcfg.out_vocab)), key, temp, top_p),
+                          dict(cfg=tcfg)),
+                         (draft_propose, (self.dparams, dcache, jnp.zeros((b, 2), jnp.int32), zeros, key, temp, top_p),
+                          dict(st_d, k=k)),
+                         (verify, (self.tparams, tcache, zeros, jnp.zeros((b, k), jnp.int32),
+                                   jnp.zeros((b, k, tcfg.vocab_size)), zeros > 0, key, temp, top_p), st_t)):
+      run.compile_only(fn, *args, **kw)
+
+    t0 = time.perf_counter()
+    logits, tcache = run(prefill, self.tparams, tokens_j, lengths_j, tcache, **st_t)
+    _, dcache = run(prefill, self.dparams, tokens_j, lengths_j, dcache, **st_d)
+    cur = np.asarray(run(first_tokens, self.tparams, logits, key, temp, top_p, cfg=tcfg))
+    t_prefill = time.perf_counter() - t0
+    out = [[int(cur[i])] for i in range(b)]
+    seqs = [list(p) + [int(cur[i])] for i, p in enumerate(prompts)]
+    done = np.array([cur[i] == eos or opts.max_new_tokens <= 1 for i in range(b)])
+    forwards = np.ones(b, np.int64)
+    finish = np.full(b, time.perf_counter())
+    accepted = np.zeros((b, k), np.int64)   # accepted[i, j]: rounds in which position j was accepted
+    reached = np.zeros((b, k), np.int64)    # rounds in which position j was tried
+    t_draft = t_verify = 0.0
+    if stream is not None:
+      stream(0, out[0][:])
+    rnd = 0
+    while not done.all():
+      rnd += 1
+      kr = jax.random.fold_in(key, rnd)
+      kd, kv = jax.random.split(kr)
+      last2 = np.asarray([s[-2:] if len(s) >= 2 else [s[-1], s[-1]] for s in seqs], np.int32)
+      lens = np.asarray([len(s) for s in seqs], np.int32)
+      ta = time.perf_counter()
+      drafts, q, dcache = run(draft_propose, self.dparams, dcache, jnp.asarray(last2), jnp.asarray(lens), kd, temp,
+                              top_p, **st_d, k=k)
+      drafts.block_until_ready()
+      tb = time.perf_counter()
+      acc, bonus, tcache = run(verify, self.tparams, tcache, jnp.asarray(last2[:, 1]), drafts, q,
+                               jnp.asarray(~done), kv, temp, top_p, **st_t)
+      acc, bonus, drafts_np = np.asarray(acc), np.asarray(bonus), np.asarray(drafts)
+      tc = time.perf_counter()
+      t_draft += tb - ta
+      t_verify += tc - tb
+      for i in np.flatnonzero(~done):
+        forwards[i] += 1
+        reached[i, : min(acc[i] + 1, k)] += 1
+        accepted[i, : acc[i]] += 1
+        new = drafts_np[i, : acc[i]].tolist() + [int(bonus[i])]
+        room = opts.max_new_tokens - len(out[i])
+        new = new[:room]
+        if eos in new:
+          new = new[: new.index(eos) + 1]
+        out[i] += new
+        seqs[i] += new
+        if (new and new[-1] == eos) or len(out[i]) >= opts.max_new_tokens:
+          done[i] = True
+          finish[i] = tc
+        if i == 0 and stream is not None:
+          stream(0, new)
+    t_start = t0 + t_prefill
+    res = []
+    for i in range(b):
+      rounds = int(forwards[i] - 1)
+      per_pos = (accepted[i] / np.maximum(reached[i], 1)).round(4).tolist()
+      extra = {"k": k, "rounds": rounds, "acceptance_rate": round(float(accepted[i].sum() / max(rounds * k, 1)), 4),
+               "per_position_acceptance": per_pos,
+               "mean_accepted_per_round": round(float(accepted[i].sum() / max(rounds, 1)), 4),
+               "draft_seconds": round(t_draft, 4), "verify_seconds": round(t_verify, 4),
+               "compile_seconds": round(run.compile_seconds, 3)}
+      res.append(DecodeResult(out[i], RequestStats(mode=self.mode, new_tokens=len(out[i]),
+                                                   target_forwards=int(forwards[i]), prefill_seconds=t_prefill,
+                                                   decode_seconds=float(finish[i] - t_start), extra=extra)))
+    return res
