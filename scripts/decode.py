@@ -15,6 +15,11 @@ import json
 import os
 import sys
 
+# SSD puts the draft on its own device. On a machine with only a CPU, split it into two JAX devices (this must
+# happen before JAX is imported; it does nothing on GPU/TPU platforms).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+
 from ssd_jax.cli_util import fail, run_main
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
@@ -25,8 +30,9 @@ def parse_args(argv=None):
   src = p.add_mutually_exclusive_group()
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
-  p.add_argument("--mode", default="ar", help="ar or sd (ssd is planned)")
-  p.add_argument("--k", type=int, default=4, help="draft tokens per round (sd)")
+  p.add_argument("--mode", default="ar", help="ar, sd or ssd")
+  p.add_argument("--k", type=int, default=4, help="draft tokens per round (sd, ssd)")
+  p.add_argument("--fan-out", type=int, default=3, help="bonus-token guesses cached per acceptance length (ssd)")
   p.add_argument("--target", default="smollm2-135m-instruct",
                  help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft, 'none')")
@@ -89,8 +95,10 @@ def main(argv=None):
     fail("--stream needs exactly one prompt")
 
   pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention)
-  if args.mode == "sd" and pipe.draft is None:
-    fail("--mode sd needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
+  if args.fan_out < 1:
+    fail(f"--fan-out must be >= 1, got {args.fan_out}")
+  if args.mode in ("sd", "ssd") and pipe.draft is None:
+    fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   ctx = pipe.target.cfg.max_seq_len
   for i, p in enumerate(prompts):
     n = len(pipe.encode_prompt(p, chat=not args.raw))
@@ -101,7 +109,7 @@ def main(argv=None):
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
-                       chat=not args.raw, stream=stream, k=args.k)
+                       chat=not args.raw, stream=stream, k=args.k, fan_out=args.fan_out)
   if args.stream:
     print()
   if args.json_out:
@@ -116,7 +124,9 @@ def main(argv=None):
     s = g.stats
     print(f"--- {s['mode']}: {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, "
           f"{s['tokens_per_target_forward']:.2f} tokens/target forward, prefill {s['prefill_seconds']:.2f} s"
-          + (f", acceptance {s['acceptance_rate']:.2f}" if "acceptance_rate" in s else ""), file=sys.stderr)
+          + (f", acceptance {s['acceptance_rate']:.2f}" if "acceptance_rate" in s else "")
+          + (f", cache hits {s['cache_hit_rate']:.2f}, target idle {s['target_idle_seconds']:.2f} s"
+             if "cache_hit_rate" in s else ""), file=sys.stderr)
   return 0
 
 

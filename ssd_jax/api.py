@@ -15,10 +15,11 @@ from . import checkpoints
 from .config import ModelConfig
 from .decode import ARDecoder, DecodeOptions
 from .decode.sd import SDDecoder
+from .decode.ssd import SSDDecoder
 from .tokenizer import TextTokenizer
 
-MODES = ("ar", "sd")
-PLANNED_MODES = ("ssd",)
+MODES = ("ar", "sd", "ssd")
+PLANNED_MODES = ()
 
 
 @dataclasses.dataclass
@@ -57,16 +58,20 @@ class Pipeline:
       raise ValueError("empty prompt")
     return ids
 
-  def decoder(self, mode: str, k: int = 4):
-    key = (mode, k)
+  def decoder(self, mode: str, k: int = 4, fan_out: int = 3):
+    key = (mode, k, fan_out)
     if key in self._decoders:  # decoders keep their compiled programs
       return self._decoders[key]
     if mode == "ar":
       dec = ARDecoder(self.target.cfg, self.target.params, self.attn_impl)
-    elif mode == "sd":
+    elif mode in ("sd", "ssd"):
       if self.draft is None:
-        raise ValueError("mode 'sd' needs a draft model; none is loaded (pass draft=... to load())")
-      dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl)
+        raise ValueError(f"mode {mode!r} needs a draft model; none is loaded (pass draft=... to load())")
+      if mode == "sd":
+        dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl)
+      else:
+        dec = SSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
+                         self.attn_impl)
     else:
       dec = None
     if dec is not None:
@@ -77,13 +82,14 @@ class Pipeline:
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str = "ar", batch_size: int = 8,
-                   stream: Callable[[list[int]], None] | None = None, k: int = 4, **options):
+                   stream: Callable[[list[int]], None] | None = None, k: int = 4, fan_out: int = 3,
+                   **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time."""
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
     opts.validate()
-    dec = self.decoder(mode, k)
+    dec = self.decoder(mode, k, fan_out)
     results = []
     for i in range(0, len(prompts), batch_size):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
@@ -93,10 +99,11 @@ class Pipeline:
   def generate(self, prompts: Sequence[str] | str, mode: str = "ar", max_new_tokens: int = 128,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
-               k: int = 4) -> list[Generation]:
+               k: int = 4, fan_out: int = 3) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
-    mode: 'ar' or 'sd' (K draft tokens per round, `k`); temperature 0 is greedy; chat=False feeds the text without the chat template;
+    mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (also `fan_out` bonus guesses per acceptance
+    length; the draft runs on the second device when there is one); temperature 0 is greedy; chat=False feeds the text without the chat template;
     stream, if given, is called with each new piece of text of the first prompt as it is produced.
     """
     if isinstance(prompts, str):
@@ -117,7 +124,7 @@ class Pipeline:
         stream(text[len(shown[0]):])
         shown[0] = text
 
-    res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, max_new_tokens=max_new_tokens,
+    res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos)
     return [Generation(p, r.token_ids, self.tokenizer.decode(r.token_ids), r.stats.to_dict())
             for p, r in zip(prompts, res)]

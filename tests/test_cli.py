@@ -51,6 +51,12 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
               "decode_seconds", "tokens_per_second"):
       assert k in s
     assert s["mode"] == "ar" and s["new_tokens"] == 8
+  out2 = tmp_path / "ssd.jsonl"
+  r = run("decode.py", "--mode", "ssd", "--prompt", "Say hi.", "--max-new-tokens", "10", "--json-out", str(out2))
+  assert r.returncode == 0, r.stderr
+  s = json.loads(out2.read_text())["stats"]
+  assert s["mode"] == "ssd" and "cache_hit_rate" in s and "target_idle_seconds" in s
+  assert s["devices"][0] != s["devices"][1]  # the script split the CPU so the draft has its own device
   r = run("decode.py", "--prompt", "word " * 9000, "--draft", "none")
   assert r.returncode == 2 and "exceeds the context" in r.stderr and "Traceback" not in r.stderr
 

@@ -38,7 +38,8 @@ def test_chat_template_ids(smollm2):
                   "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
   ids = tok.encode(text)
   assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2  # <|im_start|> = 1, <|im_end|> = 2
-  assert tok.decode(ids[-3:], skip_special=False) == "<|im_start|>assistant\n"
+  assert ids[-4:] == [1, 520, 9531, 198]  # <|im_start|> ass istant \n
+  assert tok.decode(ids[-4:], skip_special=False) == "<|im_start|>assistant\n"
   assert tok.eos_id == 2
 
 
@@ -70,3 +71,17 @@ def test_greedy_sd_equals_ar_on_real_target(real_pair):
   for k in (1, 4, 8):
     got = SDDecoder(tcfg, tparams, dcfg, dparams, k=k).generate(prompts, opts)
     assert [r.token_ids for r in got] == want, k
+
+
+def test_greedy_ssd_equals_ar_on_real_target(real_pair):
+  from ssd_jax.decode import ARDecoder, DecodeOptions
+  from ssd_jax.decode.ssd import SSDDecoder
+  pipe, dcfg, dparams = real_pair
+  prompts = [pipe.encode_prompt("What is the capital of France?"),
+             pipe.encode_prompt("List three prime numbers.")]
+  opts = DecodeOptions(max_new_tokens=20, eos_id=pipe.tokenizer.eos_id)
+  tcfg, tparams = pipe.target.cfg, pipe.target.params
+  want = [r.token_ids for r in ARDecoder(tcfg, tparams).generate(prompts, opts)]
+  got = SSDDecoder(tcfg, tparams, dcfg, dparams, k=4, fan_out=3).generate(prompts, opts)
+  assert [r.token_ids for r in got] == want
+  assert all(r.stats.extra["cache_hit_rate"] >= 0 for r in got)

@@ -103,7 +103,9 @@ class Programs:
   def compile_only(self, fn, *args, **static):
     """Returns the compiled program for these argument shapes, compiling it on first use."""
     leaves = jax.tree.leaves(args)
-    key = (fn, jax.tree.structure(args), tuple((np.shape(x), str(jnp.result_type(x))) for x in leaves),
+    # Placement is part of the key: the same function compiled for the target's and the draft's device differs.
+    key = (fn, jax.tree.structure(args),
+           tuple((np.shape(x), str(jnp.result_type(x)), str(getattr(x, "sharding", None))) for x in leaves),
            tuple(sorted(static.items())))
     exe = self._compiled.get(key)
     if exe is None:

@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""Teacher-forced acceptance statistics of a draft against the target, on the target's own greedy answers.
+
+  python scripts/eval_draft.py --num-prompts 8 --max-new-tokens 128
+
+For each benchmark prompt set (HumanEval, GSM8K, AlpacaEval, MT-Bench) the target answers the first N prompts
+greedily; then, at every answer position, with both models reading the same text:
+  greedy alpha  = P(draft argmax == target argmax)
+  alpha at T=1  = E[sum_x min(p(x), q(x))], the probability that speculative sampling accepts a draft token
+and the expected tokens per target forward for K = 2..8 under the i.i.d. model (1 - alpha^(K+1)) / (1 - alpha).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ssd_jax.cli_util import fail, run_main
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--draft", default="default-draft")
+  p.add_argument("--datasets", default="humaneval,gsm8k,alpaca,mtbench")
+  p.add_argument("--num-prompts", type=int, default=8)
+  p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--json-out")
+  return p.parse_args(argv)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+  return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.num_prompts < 1 or args.max_new_tokens < 1:
+    fail("--num-prompts and --max-new-tokens must be >= 1")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from ssd_jax import api, checkpoints, datasets, model
+
+  pipe = api.load(draft=None)
+  dcfg, dparams, _ = checkpoints.load_model(args.draft)
+  tcfg, tparams = pipe.target.cfg, pipe.target.params
+  if dcfg.vocab_size != tcfg.vocab_size:
+    fail("draft and target vocabularies differ")
+
+  @jax.jit
+  def stats(tp, dp, tokens):
+    lt = model.forward_full(tp, tokens, tcfg)
+    ld = model.forward_full(dp, tokens, dcfg)
+    p = jax.nn.softmax(lt, -1)
+    q = model.scatter_to_vocab(dp, jax.nn.softmax(ld, -1), dcfg)
+    greedy = jnp.argmax(lt, -1) == model.to_token_ids(dp, jnp.argmax(ld, -1), dcfg)
+    return greedy, jnp.minimum(p, q).sum(-1)
+
+  report = {}
+  for name in [d for d in args.datasets.split(",") if d]:
+    prompts = datasets.load_prompts(name, args.num_prompts)
+    gens = pipe.generate(prompts, max_new_tokens=args.max_new_tokens, batch_size=4)
+    g_all, s_all = [], []
+    for p, g in zip(prompts, gens):
+      ids = pipe.encode_prompt(p) + g.token_ids
+      n = len(pipe.encode_prompt(p))
+      pad = -(-len(ids) // 64) * 64  # bucket lengths so few programs compile
+      toks = np.zeros((1, pad), np.int32)
+      toks[0, : len(ids)] = ids
+      gr, st = (np.asarray(x)[0] for x in stats(tparams, dparams, jnp.asarray(toks)))
+      # Position t predicts token t+1: score the positions that predict answer tokens.
+      sl = slice(n - 1, len(ids) - 1)
+      g_all.append(gr[sl])
+      s_all.append(st[sl])
+    a0 = float(np.concatenate(g_all).mean())
+    a1 = float(np.concatenate(s_all).mean())
+    report[name] = {"positions": int(sum(len(x) for x in g_all)), "alpha_greedy": a0, "alpha_t1": a1,
+                    "expected_tokens_greedy": {k: expected_tokens(a0, k) for k in range(2, 9)},
+                    "expected_tokens_t1": {k: expected_tokens(a1, k) for k in range(2, 9)}}
+    print(f"[eval] {name}: greedy alpha {a0:.3f}, T=1 alpha {a1:.3f} over {report[name]['positions']} positions",
+          file=sys.stderr, flush=True)
+  names = list(report)
+  mean0 = float(np.mean([report[n]["alpha_greedy"] for n in names]))
+  mean1 = float(np.mean([report[n]["alpha_t1"] for n in names]))
+  print("\n| set | greedy alpha | T=1 alpha | E[tokens/fwd] K=4 greedy | K=8 greedy |")
+  print("|---|---|---|---|---|")
+  for n in names:
+    r = report[n]
+    print(f"| {n} | {r['alpha_greedy']:.3f} | {r['alpha_t1']:.3f} | {r['expected_tokens_greedy'][4]:.2f} | "
+          f"{r['expected_tokens_greedy'][8]:.2f} |")
+  print(f"| mean | {mean0:.3f} | {mean1:.3f} | {expected_tokens(mean0, 4):.2f} | {expected_tokens(mean0, 8):.2f} |")
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump({"args": vars(args), "sets": report, "mean_alpha_greedy": mean0, "mean_alpha_t1": mean1}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  run_main(main)

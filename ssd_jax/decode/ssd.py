@@ -1,0 +1,278 @@
+"""Speculative speculative decoding (SSD): the draft, on its own device, pre-drafts for likely verify outcomes.
+
+State per row as in SD (sd.py): committed text x_1..x_L, the bonus x_L in neither cache, the target cache at L-1.
+While the target verifies speculation s_1..s_K (device T), the draft (device D), from the same inputs:
+  glue:  feeds [x_{L-1}, x_L, s_1..s_K] at slots L-2..L-1+K (linear, committed-style), giving draft logits g_j after
+         x_L, s_1..s_j for j = 0..K;
+  fork:  for each acceptance length j, the F most likely bonus tokens under g_j, excluding s_{j+1} for j < K (the
+         residual max(0, p - q) is zero on a rejected draft token, so it can never be the bonus);
+  tree:  K draft steps over all (K+1)*F branches at once. Branch (j, c) is the text x_1..x_L, s_1..s_j, c; its tokens
+         live in a step-major scratch region after the glue (slot L+K + d*(K+1)*F + branch) with RoPE positions
+         L+j+d, and attention sees the glue up to its fork point plus its own earlier scratch entries only.
+The result is the speculation cache: for every key (j, c), K tokens and the exact distributions they were drawn from.
+When verification returns (k, t*), a hit serves the cached speculation at once; a miss falls back to the backup
+speculator (the draft, just in time, exactly as in SD). Either way the verifier's ratio test sees the exact
+distribution each served token was sampled from, so the output is the target's distribution.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import model, sampling
+from ..config import ModelConfig
+from ..kernels import MaskInfo, causal_mask_info
+from ..kv_cache import KVCache
+from ..metrics import RequestStats
+from .ar import first_tokens
+from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
+from .sd import check_pair, draft_propose, verify
+
+
+def tree_lookahead(k: int, fan_out: int) -> int:
+  """Returns the draft cache slots one round needs past the committed text: glue K+2 plus K depths of branches."""
+  return k + 2 + k * (k + 1) * fan_out
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl"), donate_argnames=("cache",))
+def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, cfg: ModelConfig, k: int,
+               fan_out: int, attn_impl: str = "ref"):
+  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V], cache), N = (K+1)*F.
+
+  last2: [B, 2] the last two committed tokens (x_{L-1}, x_L); spec: [B, K] the speculation being verified;
+  lengths: [B] L. Static: cfg, k, fan_out (they fix the tree's shape).
+  """
+  b = last2.shape[0]
+  n = (k + 1) * fan_out
+  # Glue: linear writes of x_{L-1}, x_L, s_1..s_K.
+  toks = jnp.concatenate([last2, spec], axis=1)
+  slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(k + 2)[None, :], 0)
+  g, cache = model.forward(params, toks, slots, cache, slots, causal_mask_info(slots), cfg,
+                           logit_index=jnp.broadcast_to(1 + jnp.arange(k + 1), (b, k + 1)), attn_impl=attn_impl)
+  # Fork: top-F bonus candidates per acceptance length j, the drafted token s_{j+1} excluded for j < K.
+  probs_g = sampling.processed_probs(g, 1.0, 1.0)  # ranking only; temperature does not change the order
+  if cfg.head_vocab is None:
+    spec_rows, spec_known = spec, jnp.ones(spec.shape, bool)
+  else:
+    spec_rows = params["vocab_map"][spec]
+    spec_known = params["head_ids"][spec_rows] == spec
+  excl = jax.nn.one_hot(spec_rows, g.shape[-1], dtype=bool) & spec_known[..., None]  # [B, K, V_out]
+  excl = jnp.concatenate([excl, jnp.zeros((b, 1, g.shape[-1]), bool)], axis=1)
+  _, cand_rows = jax.lax.top_k(jnp.where(excl, -1.0, probs_g), fan_out)  # [B, K+1, F]
+  cand = model.to_token_ids(params, cand_rows.reshape(b, n), cfg)
+  branch_j = jnp.repeat(jnp.arange(k + 1, dtype=jnp.int32), fan_out)  # [N]
+  # Tree: K steps over all N branches.
+  tree_start = lengths + k
+  vis_end = jnp.broadcast_to(lengths[:, None] + branch_j[None, :], (b, n)).astype(jnp.int32)
+  branch = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  keys = jax.random.split(key, k)
+
+  def step(d, carry):
+    cache, inp, out_t, out_q = carry
+    pos = vis_end + d  # RoPE position of the token fed at depth d: L + j + d
+    wslots = tree_start[:, None] + d * n + branch
+    mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
+                    tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
+    lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl)
+    probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
+    tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
+    tok = model.to_token_ids(params, tok, cfg)
+    out_t = out_t.at[:, :, d].set(tok)
+    out_q = out_q.at[:, :, d].set(model.scatter_to_vocab(params, probs, cfg))
+    return cache, tok, out_t, out_q
+
+  out_t = jnp.zeros((b, n, k), jnp.int32)
+  out_q = jnp.zeros((b, n, k, cfg.vocab_size), jnp.float32)
+  cache, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, out_t, out_q))
+  return cand, branch_j, out_t, out_q, cache
+
+
+@jax.jit
+def lookup(cand, branch_j, tree_tokens, tree_q, accept_len, bonus):
+  """Returns (hit [B], tokens [B, K], q [B, K, V]) for verify outcomes (accept_len, bonus) [B] in the cache."""
+  match = (branch_j[None, :] == accept_len[:, None]) & (cand == bonus[:, None])  # [B, N]
+  hit = match.any(-1)
+  idx = jnp.argmax(match, -1)
+  toks = jnp.take_along_axis(tree_tokens, idx[:, None, None], 1)[:, 0]
+  q = jnp.take_along_axis(tree_q, idx[:, None, None, None], 1)[:, 0]
+  return hit, toks, q
+
+
+@jax.jit
+def merge_rows(hit, a_tokens, a_q, b_tokens, b_q):
+  """Returns per row (a if hit else b) for tokens [B, K] and distributions [B, K, V]."""
+  return jnp.where(hit[:, None], a_tokens, b_tokens), jnp.where(hit[:, None, None], a_q, b_q)
+
+
+def default_devices():
+  """Returns (target device, draft device): two different devices when the platform has them."""
+  devs = jax.devices()
+  return devs[0], devs[1 if len(devs) > 1 else 0]
+
+
+class SSDDecoder:
+  """SSD with the draft on its own device, uniform fan-out F and the neural (just-in-time draft) backup."""
+
+  mode = "ssd"
+
+  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
+               fan_out: int = 3, attn_impl: str = "ref", devices=None):
+    check_pair(target_cfg, draft_cfg, k)
+    if not isinstance(fan_out, (int, np.integer)) or fan_out < 1:
+      raise ValueError(f"fan-out must be an integer >= 1, got {fan_out!r}")
+    if fan_out > draft_cfg.out_vocab - 1:
+      raise ValueError(f"fan-out {fan_out} exceeds the draft's vocabulary")
+    self.tdev, self.ddev = devices or default_devices()
+    self.tcfg, self.dcfg, self.k, self.fan_out, self.attn_impl = target_cfg, draft_cfg, k, fan_out, attn_impl
+    self.tparams = jax.device_put(target_params, self.tdev)
+    self.dparams = jax.device_put(draft_params, self.ddev)
+    self.programs = Programs()
+
+  def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
+               ) -> list[DecodeResult]:
+    opts.validate()
+    tcfg, dcfg, k, f, run = self.tcfg, self.dcfg, self.k, self.fan_out, self.programs
+    tokens, lengths = pad_prompts(prompts)
+    b = len(prompts)
+    max_prompt = int(lengths.max())
+    look = tree_lookahead(k, f)
+    if max_prompt + opts.max_new_tokens + k + 1 > tcfg.max_seq_len:
+      raise ValueError(f"K={k} needs {k + 1} cache slots past the text; prompt ({max_prompt}) + max_new_tokens "
+                       f"({opts.max_new_tokens}) leave too little of the {tcfg.max_seq_len}-token context")
+    tslots = cache_slots(tcfg, max_prompt, opts.max_new_tokens, lookahead=k + 2)
+    dslots = cache_slots(dcfg, max_prompt, opts.max_new_tokens, lookahead=look)
+    tcache = jax.device_put(KVCache.init(tcfg, b, tslots), self.tdev)
+    dcache = jax.device_put(KVCache.init(dcfg, b, dslots), self.ddev)
+    on_t = lambda x: jax.device_put(x, self.tdev)
+    on_d = lambda x: jax.device_put(x, self.ddev)
+    key = jax.random.key(opts.seed)
+    temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
+    st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
+    st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
+
+    def dkey(*idx):
+      kk = key
+      for i in idx:
+        kk = jax.random.fold_in(kk, i)
+      return on_d(kk)
+
+    z_d, z_t = on_d(jnp.zeros((b,), jnp.int32)), on_t(jnp.zeros((b,), jnp.int32))
+    n = (k + 1) * f
+    tok_t, len_t = on_t(jnp.asarray(tokens)), on_t(jnp.asarray(lengths))
+    tok_d, len_d = on_d(jnp.asarray(tokens)), on_d(jnp.asarray(lengths))
+    for fn, args, kw in (
+        (prefill, (self.tparams, tok_t, len_t, tcache), st_t),
+        (prefill, (self.dparams, tok_d, len_d, dcache), st_d),
+        (first_tokens, (self.tparams, on_t(jnp.zeros((b, tcfg.out_vocab))), on_t(key), temp, top_p), dict(cfg=tcfg)),
+        (draft_propose, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), z_d, dkey(0), temp, top_p),
+         dict(st_d, k=k)),
+        (draft_tree, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), on_d(jnp.zeros((b, k), jnp.int32)),
+                      z_d, dkey(0), temp, top_p), dict(st_d, k=k, fan_out=f)),
+        (verify, (self.tparams, tcache, z_t, on_t(jnp.zeros((b, k), jnp.int32)),
+                  on_t(jnp.zeros((b, k, tcfg.vocab_size))), z_t > 0, on_t(key), temp, top_p), st_t),
+        (lookup, (on_d(jnp.zeros((b, n), jnp.int32)), on_d(jnp.zeros((n,), jnp.int32)),
+                  on_d(jnp.zeros((b, n, k), jnp.int32)), on_d(jnp.zeros((b, n, k, dcfg.vocab_size))), z_d, z_d), {}),
+        (merge_rows, (z_d > 0, on_d(jnp.zeros((b, k), jnp.int32)), on_d(jnp.zeros((b, k, dcfg.vocab_size))),
+                      on_d(jnp.zeros((b, k), jnp.int32)), on_d(jnp.zeros((b, k, dcfg.vocab_size)))), {})):
+      run.compile_only(fn, *args, **kw)
+
+    t0 = time.perf_counter()
+    logits, tcache = run(prefill, self.tparams, tok_t, len_t, tcache, **st_t)
+    _, dcache = run(prefill, self.dparams, tok_d, len_d, dcache, **st_d)
+    cur = np.asarray(run(first_tokens, self.tparams, logits, on_t(key), temp, top_p, cfg=tcfg))
+    t_prefill = time.perf_counter() - t0
+    out = [[int(cur[i])] for i in range(b)]
+    seqs = [list(p) + [int(cur[i])] for i, p in enumerate(prompts)]
+    done = np.array([cur[i] == eos or opts.max_new_tokens <= 1 for i in range(b)])
+    forwards = np.ones(b, np.int64)
+    finish = np.full(b, time.perf_counter())
+    accepted = np.zeros((b, k), np.int64)
+    reached = np.zeros((b, k), np.int64)
+    hits = np.zeros(b, np.int64)
+    hits_by_len = np.zeros((b, k + 1), np.int64)
+    rounds_by_len = np.zeros((b, k + 1), np.int64)
+    lookups = np.zeros(b, np.int64)
+    t_idle = t_draft_wait = 0.0
+    if stream is not None:
+      stream(0, out[0][:])
+
+    def state():
+      last2 = np.asarray([s[-2:] for s in seqs], np.int32)
+      lens = np.asarray([len(s) for s in seqs], np.int32)
+      return last2, lens
+
+    # First round: nothing cached, so the backup drafts just in time.
+    last2, lens = state()
+    spec, q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(0, 0), temp, top_p,
+                          **st_d, k=k)
+    rnd = 0
+    t_last_verify_done = time.perf_counter()
+    while not done.all():
+      rnd += 1
+      # Dispatch verify on the target device and the speculation cache on the draft device; neither blocks.
+      spec_t, q_t = on_t(spec), on_t(q)
+      t_dispatch = time.perf_counter()
+      t_idle += t_dispatch - t_last_verify_done
+      acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~done),
+                               on_t(jax.random.fold_in(key, 2 * rnd + 1)), temp, top_p, **st_t)
+      cand, branch_j, tree_t, tree_q, dcache = run(draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens),
+                                                   dkey(rnd, 1), temp, top_p, **st_d, k=k, fan_out=f)
+      acc_np, bonus_np, spec_np = np.asarray(acc), np.asarray(bonus), np.asarray(spec)  # blocks on verify only
+      t_last_verify_done = time.perf_counter()
+      for i in np.flatnonzero(~done):
+        forwards[i] += 1
+        reached[i, : min(acc_np[i] + 1, k)] += 1
+        accepted[i, : acc_np[i]] += 1
+        new = spec_np[i, : acc_np[i]].tolist() + [int(bonus_np[i])]
+        new = new[: opts.max_new_tokens - len(out[i])]
+        if eos in new:
+          new = new[: new.index(eos) + 1]
+        out[i] += new
+        seqs[i] += new
+        if (new and new[-1] == eos) or len(out[i]) >= opts.max_new_tokens:
+          done[i] = True
+          finish[i] = t_last_verify_done
+        if i == 0 and stream is not None:
+          stream(0, new)
+      if done.all():
+        break
+      last2, lens = state()
+      hit, c_tok, c_q = run(lookup, cand, branch_j, tree_t, tree_q, on_d(jnp.asarray(acc_np)),
+                            on_d(jnp.asarray(bonus_np)))
+      hit_np = np.asarray(hit)
+      t_draft_wait += time.perf_counter() - t_last_verify_done
+      for i in np.flatnonzero(~done):
+        lookups[i] += 1
+        hits[i] += hit_np[i]
+        rounds_by_len[i, acc_np[i]] += 1
+        hits_by_len[i, acc_np[i]] += hit_np[i]
+      if hit_np[~done].all():
+        spec, q = c_tok, c_q
+      else:  # backup: the draft, just in time, for every row; rows that hit keep their cached speculation
+        j_tok, j_q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(rnd, 2), temp,
+                                 top_p, **st_d, k=k)
+        spec, q = run(merge_rows, hit, c_tok, c_q, j_tok, j_q)
+    t_start = t0 + t_prefill
+    res = []
+    for i in range(b):
+      rounds = int(forwards[i] - 1)
+      extra = {"k": k, "fan_out": f, "rounds": rounds,
+               "acceptance_rate": round(float(accepted[i].sum() / max(rounds * k, 1)), 4),
+               "per_position_acceptance": (accepted[i] / np.maximum(reached[i], 1)).round(4).tolist(),
+               "cache_hit_rate": round(float(hits[i] / max(lookups[i], 1)), 4),
+               "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
+                                          for h, r in zip(hits_by_len[i], rounds_by_len[i])],
+               "target_idle_seconds": round(t_idle, 4),
+               "draft_wait_seconds": round(t_draft_wait, 4),
+               "compile_seconds": round(run.compile_seconds, 3),
+               "devices": [str(self.tdev), str(self.ddev)]}
+      res.append(DecodeResult(out[i], RequestStats(mode=self.mode, new_tokens=len(out[i]),
+                                                   target_forwards=int(forwards[i]), prefill_seconds=t_prefill,
+                                                   decode_seconds=float(finish[i] - t_start), extra=extra)))
+    return res

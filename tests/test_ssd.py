@@ -1,0 +1,129 @@
+"""SSD: the tree (mask, positions), the speculation cache, greedy equality with AR, exactness at temperature 1."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ssd_jax import model, sampling
+from ssd_jax.config import tiny_config
+from ssd_jax.decode import ARDecoder, DecodeOptions
+from ssd_jax.decode.base import pad_prompts, prefill
+from ssd_jax.decode.ssd import SSDDecoder, draft_tree, lookup
+from ssd_jax.kv_cache import KVCache
+
+from test_sd import PROMPTS, _perturbed
+
+
+@pytest.fixture(scope="module")
+def pair():
+  cfg = tiny_config(vocab_size=64)
+  return cfg, model.init_params(jax.random.key(7), cfg, scale=0.3)
+
+
+@pytest.mark.parametrize("head_vocab", [None, 48])
+def test_tree_branches_equal_plain_forward(head_vocab):
+  """Every branch's draft distributions equal a plain forward over that branch's own text (mask and RoPE right)."""
+  cfg = tiny_config(vocab_size=64, head_vocab=head_vocab)
+  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
+  k, f = 3, 2
+  texts = [[5, 6, 7, 8], [9, 10]]  # committed text x_1..x_L per row (ragged)
+  spec = np.asarray([[11, 12, 13], [14, 15, 16]], np.int32)
+  # Prefill the draft with x_1..x_{L-1} (x_L is pending, as in the decoder).
+  toks, lens = pad_prompts([t[:-1] for t in texts], bucket=8)
+  cache = KVCache.init(cfg, 2, 128)
+  _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
+  last2 = jnp.asarray([t[-2:] for t in texts], jnp.int32)
+  lengths = jnp.asarray([len(t) for t in texts], jnp.int32)
+  cand, branch_j, tree_t, tree_q, _ = draft_tree(params, cache, last2, jnp.asarray(spec), lengths, jax.random.key(0),
+                                                 jnp.float32(1.0), jnp.float32(1.0), cfg=cfg, k=k, fan_out=f)
+  cand, branch_j, tree_t, tree_q = (np.asarray(x) for x in (cand, branch_j, tree_t, tree_q))
+  for r in range(2):
+    glue = texts[r] + spec[r].tolist()
+    full_g = np.asarray(jax.nn.softmax(model.forward_full(params, jnp.asarray([glue]), cfg)[0], -1))
+    for n in range(len(branch_j)):
+      j = int(branch_j[n])
+      # Candidates: the top-F tokens after x_L, s_1..s_j, never the drafted token s_{j+1}.
+      if j < k:
+        assert cand[r, n] != spec[r, j]
+      seq = texts[r] + spec[r, :j].tolist() + [int(cand[r, n])] + tree_t[r, n].tolist()
+      probs = np.asarray(jax.nn.softmax(model.forward_full(params, jnp.asarray([seq]), cfg)[0], -1))
+      start = len(texts[r]) + j  # position of the candidate token
+      for d in range(k):
+        want = np.asarray(model.scatter_to_vocab(params, jnp.asarray(probs[start + d]), cfg))
+        np.testing.assert_allclose(tree_q[r, n, d], want, rtol=1e-4, atol=1e-6)
+    # The fork picks the top-F of the glue distribution (drafted token excluded).
+    for j in range(k + 1):
+      p = np.asarray(model.scatter_to_vocab(params, jnp.asarray(full_g[len(texts[r]) - 1 + j]), cfg)).copy()
+      if j < k:
+        p[spec[r, j]] = -1
+      want = set(np.argsort(-p)[:f].tolist())
+      assert set(cand[r, branch_j == j].tolist()) == want
+
+
+def test_lookup_hits_and_misses():
+  cand = jnp.asarray([[3, 4, 5, 6]])
+  branch_j = jnp.asarray([0, 0, 1, 1])
+  tt = jnp.arange(8).reshape(1, 4, 2)
+  tq = jnp.arange(8 * 3, dtype=jnp.float32).reshape(1, 4, 2, 3)
+  hit, toks, q = lookup(cand, branch_j, tt, tq, jnp.asarray([1]), jnp.asarray([6]))
+  assert bool(hit[0]) and toks[0].tolist() == [6, 7] and np.array_equal(q[0], tq[0, 3])
+  for acc, bonus in [(0, 6), (1, 3), (2, 5)]:  # key mismatch: wrong length, wrong token, length not cached
+    hit, _, _ = lookup(cand, branch_j, tt, tq, jnp.asarray([acc]), jnp.asarray([bonus]))
+    assert not bool(hit[0])
+
+
+@pytest.mark.parametrize("k,f", [(1, 1), (4, 3), (8, 2)])
+@pytest.mark.parametrize("draft_kind", ["self", "perturbed", "unrelated"])
+def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
+  cfg, tp = pair
+  if draft_kind == "self":  # all hits after the first round
+    dcfg, dp = cfg, tp
+  elif draft_kind == "perturbed":  # hits and misses
+    dcfg, dp = cfg, _perturbed(tp, 0.06, 1)
+  else:  # almost all misses
+    dcfg = tiny_config(vocab_size=64, n_layers=1, d_model=16, head_dim=4, ffn_dim=24, head_vocab=50)
+    dp = model.init_params(jax.random.key(8), dcfg, scale=0.3)
+  opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
+  ar = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
+  dec = SSDDecoder(cfg, tp, dcfg, dp, k=k, fan_out=f)
+  res = dec.generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == ar
+  assert dec.tdev != dec.ddev  # the draft really runs on its own device
+  hit_rates = [r.stats.extra["cache_hit_rate"] for r in res]
+  if draft_kind == "self":
+    assert all(h == 1.0 for h in hit_rates)
+  if draft_kind == "perturbed" and k == 4:
+    assert 0 < np.mean(hit_rates) < 1
+
+
+def test_ssd_temperature_one_matches_target_joint_distribution():
+  """As for SD: tokens emitted through SSD rounds (hits and misses) follow the target's joint distribution."""
+  from test_rejection_sampler import _chi2_pvalue
+  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
+  tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
+  dp = _perturbed(tp, 0.5, 5)
+  prompt = [1, 2, 0]
+  n = 3000
+  res = SSDDecoder(cfg, tp, cfg, dp, k=1, fan_out=2).generate(
+      [prompt] * n, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
+  hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
+  assert 0.2 < hr < 0.98  # both hit and miss rounds contribute
+  seqs = np.asarray([r.token_ids[:3] for r in res])
+  counts = np.zeros((4, 4, 4))
+  for a, b, c in seqs:
+    counts[a, b, c] += 1
+  probs = np.zeros((4, 4, 4))
+  for a, b in itertools.product(range(4), range(4)):
+    lg = np.asarray(jax.nn.softmax(model.forward_full(tp, jnp.asarray([prompt + [a, b]]), cfg)[0], -1))
+    probs[a, b, :] = lg[len(prompt) - 1, a] * lg[len(prompt), b] * lg[len(prompt) + 1]
+  assert _chi2_pvalue(counts.ravel(), probs.ravel()) > 1e-4
+
+
+def test_ssd_bad_input(pair):
+  cfg, tp = pair
+  with pytest.raises(ValueError, match="fan-out"):
+    SSDDecoder(cfg, tp, cfg, tp, k=2, fan_out=0)
+  with pytest.raises(ValueError, match="K"):
+    SSDDecoder(cfg, tp, cfg, tp, k=0)
