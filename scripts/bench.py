@@ -33,8 +33,38 @@ def parse_args(argv=None):
   p.add_argument("--k", type=int, default=4)
   p.add_argument("--fan-out", type=int, default=3)
   p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--verify-cost", action="store_true",
+                 help="only measure the target forward cost for T = 1..9 new tokens (verify of K = T-1) vs T = 1")
   p.add_argument("--json-out")
   return p.parse_args(argv)
+
+
+def verify_cost_table(pipe, prefix: int = 300, repeats: int = 15):
+  """Returns {T: median ms} of one target forward of T tokens after a `prefix`-token cache (AOT compiled)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from ssd_jax import model
+  from ssd_jax.kv_cache import KVCache
+  cfg, params = pipe.target.cfg, pipe.target.params
+  fwd = jax.jit(model.forward_causal, static_argnames=("cfg",), donate_argnames=("cache",))
+  out = {}
+  for t in range(1, 10):
+    cache = KVCache.init(cfg, 1, 512).replace(lengths=jnp.asarray([prefix], jnp.int32))
+    toks = jnp.ones((1, t), jnp.int32)
+    exe = fwd.lower(params, toks, cache, cfg=cfg).compile()
+    for _ in range(3):
+      logits, cache = exe(params, toks, cache)
+    logits.block_until_ready()
+    ts = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      logits, cache = exe(params, toks, cache)
+      logits.block_until_ready()
+      ts.append(time.perf_counter() - t0)
+    out[t] = float(np.median(ts) * 1e3)
+  return out
 
 
 def streaming_bandwidth_gbs(n_bytes: int = 1 << 30, repeats: int = 7) -> float:
@@ -57,7 +87,6 @@ def streaming_bandwidth_gbs(n_bytes: int = 1 << 30, repeats: int = 7) -> float:
 def main(argv=None):
   args = parse_args(argv)
   import jax
-  import numpy as np
 
   from ssd_jax import api, datasets
 
@@ -65,6 +94,16 @@ def main(argv=None):
   for m in modes:
     if m not in api.MODES:
       fail(f"unknown mode {m!r}; available: {', '.join(api.MODES)}")
+  if args.verify_cost:
+    pipe = api.load(draft=None)
+    table = verify_cost_table(pipe)
+    print("| new tokens T (verify K = T-1) | ms | cost / AR step |\n|---|---|---|")
+    for t, ms in table.items():
+      print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x |")
+    if args.json_out:
+      with open(args.json_out, "w") as f:
+        json.dump({"verify_cost_ms": table}, f, indent=1)
+    return 0
   names = [d for d in args.datasets.split(",") if d]
   prompts = {d: datasets.load_prompts(d, args.num_prompts) for d in names}
   spec = any(m in ("sd", "ssd") for m in modes)
@@ -88,7 +127,7 @@ def main(argv=None):
   bw = streaming_bandwidth_gbs()
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
   summary = {}
-  print(f"\n| dataset | " + " | ".join(f"{m} tok/s | {m} tok/fwd" for m in modes) + " |")
+  print("\n| dataset | " + " | ".join(f"{m} tok/s | {m} tok/fwd" for m in modes) + " |")
   print("|---|" + "---|---|" * len(modes))
   for d in names + ["all"]:
     cells = []

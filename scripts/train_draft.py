@@ -129,7 +129,7 @@ def main(argv=None):
 
   step_fn = train.make_train_step(cfg, opt, tcfg, tc.distill_weight)
   best_file = os.path.join(work, "best.json")
-  best = train_json = None
+  best = None
   if os.path.exists(best_file) and not args.fresh:
     import json
     with open(best_file) as f:

@@ -81,6 +81,21 @@ class Pipeline:
       raise ValueError(f"mode {mode!r} is not implemented yet; available: {', '.join(MODES)}")
     raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
 
+  def _text_streamer(self, stream: Callable[[str], None]) -> Callable[[list[int]], None]:
+    """Returns a token-id callback that passes each new piece of decoded text to `stream`."""
+    produced: list[int] = []
+    shown = [""]
+
+    def on_ids(new_ids):
+      produced.extend(i for i in new_ids if i != self.tokenizer.eos_id)
+      text = self.tokenizer.decode(produced)
+      if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+        return
+      stream(text[len(shown[0]):])
+      shown[0] = text
+
+    return on_ids
+
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str = "ar", batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int = 4, fan_out: int = 3,
                    **options):
@@ -103,29 +118,18 @@ class Pipeline:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (also `fan_out` bonus guesses per acceptance
-    length; the draft runs on the second device when there is one); temperature 0 is greedy; chat=False feeds the text without the chat template;
-    stream, if given, is called with each new piece of text of the first prompt as it is produced.
+    length; the draft runs on the second device when there is one). temperature 0 is greedy; chat=False feeds the
+    text without the chat template; stream, if given, is called with each new piece of text of the first prompt.
     """
     if isinstance(prompts, str):
       prompts = [prompts]
     if not prompts:
       raise ValueError("no prompts given")
     ids = [self.encode_prompt(p, chat) for p in prompts]
-    text_cb = None
-    if stream is not None:
-      produced: list[int] = []
-      shown = [""]
-
-      def text_cb(new_ids):
-        produced.extend(i for i in new_ids if i != self.tokenizer.eos_id)
-        text = self.tokenizer.decode(produced)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-          return
-        stream(text[len(shown[0]):])
-        shown[0] = text
-
-    res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos)
+    text_cb = self._text_streamer(stream) if stream is not None else None
+    res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out,
+                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            ignore_eos=ignore_eos)
     return [Generation(p, r.token_ids, self.tokenizer.decode(r.token_ids), r.stats.to_dict())
             for p, r in zip(prompts, res)]
 

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from .config import SMOLLM2_135M, ModelConfig
+from .config import ModelConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))

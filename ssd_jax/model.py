@@ -17,7 +17,6 @@ Shapes use: B batch, T new tokens, S cache slots, H query heads, G kv heads, D h
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

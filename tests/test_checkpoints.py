@@ -1,8 +1,5 @@
 """Model import paths (GGUF with the q/k permutation, HF safetensors) and the Orbax round trip."""
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp

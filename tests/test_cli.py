@@ -73,7 +73,6 @@ def test_train_draft_tiny_smoke_and_resume(tmp_path):
           "--steps", "4")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "resumed from step 3" in r.stderr
-  import ssd_jax
   from ssd_jax import checkpoints
   cfg, params, tok = checkpoints.load_model(str(out))
   assert cfg.head_vocab == 512 and tok is not None

@@ -71,7 +71,6 @@ def test_sd_temperature_one_matches_target_joint_distribution():
   V=4, one prompt repeated over 3000 rows (independent per-row randomness); the exact target joint of the first
   three tokens is enumerated from full forwards. Chi-square over the 64 cells at false-alarm rate 1e-4.
   """
-  from test_rejection_sampler import _chi2_pvalue
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
   dp = _perturbed(tp, 0.5, 5)  # a draft noticeably different from the target
@@ -81,15 +80,22 @@ def test_sd_temperature_one_matches_target_joint_distribution():
                                                                              ignore_eos=True, seed=3))
   seqs = np.asarray([r.token_ids for r in res])
   assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
-  counts = np.zeros((4, 4, 4))
+  assert_joint_matches_target(seqs, tp, cfg, prompt)
+
+
+def assert_joint_matches_target(seqs, tp, cfg, prompt, alpha=1e-4):
+  """Chi-square test of the empirical joint of the first three tokens against the target's exact joint."""
+  from test_rejection_sampler import _chi2_pvalue
+  v = cfg.vocab_size
+  counts = np.zeros((v, v, v))
   for a, b, c in seqs:
     counts[a, b, c] += 1
-  probs = np.zeros((4, 4, 4))
-  for a, b in itertools.product(range(4), range(4)):
+  probs = np.zeros((v, v, v))
+  for a, b in itertools.product(range(v), range(v)):
     lg = np.asarray(jax.nn.softmax(model.forward_full(tp, jnp.asarray([prompt + [a, b]]), cfg)[0], -1))
     probs[a, b, :] = lg[len(prompt) - 1, a] * lg[len(prompt), b] * lg[len(prompt) + 1]
   assert abs(probs.sum() - 1) < 1e-4
-  assert _chi2_pvalue(counts.ravel(), probs.ravel()) > 1e-4
+  assert _chi2_pvalue(counts.ravel(), probs.ravel()) > alpha
 
 
 def test_sd_bad_input(pair):

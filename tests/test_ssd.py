@@ -1,19 +1,17 @@
 """SSD: the tree (mask, positions), the speculation cache, greedy equality with AR, exactness at temperature 1."""
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model, sampling
+from ssd_jax import model
 from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions
 from ssd_jax.decode.base import pad_prompts, prefill
 from ssd_jax.decode.ssd import SSDDecoder, draft_tree, lookup
 from ssd_jax.kv_cache import KVCache
 
-from test_sd import PROMPTS, _perturbed
+from test_sd import PROMPTS, _perturbed, assert_joint_matches_target
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +98,6 @@ def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
 
 def test_ssd_temperature_one_matches_target_joint_distribution():
   """As for SD: tokens emitted through SSD rounds (hits and misses) follow the target's joint distribution."""
-  from test_rejection_sampler import _chi2_pvalue
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
   dp = _perturbed(tp, 0.5, 5)
@@ -110,15 +107,7 @@ def test_ssd_temperature_one_matches_target_joint_distribution():
       [prompt] * n, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
   assert 0.2 < hr < 0.98  # both hit and miss rounds contribute
-  seqs = np.asarray([r.token_ids[:3] for r in res])
-  counts = np.zeros((4, 4, 4))
-  for a, b, c in seqs:
-    counts[a, b, c] += 1
-  probs = np.zeros((4, 4, 4))
-  for a, b in itertools.product(range(4), range(4)):
-    lg = np.asarray(jax.nn.softmax(model.forward_full(tp, jnp.asarray([prompt + [a, b]]), cfg)[0], -1))
-    probs[a, b, :] = lg[len(prompt) - 1, a] * lg[len(prompt), b] * lg[len(prompt) + 1]
-  assert _chi2_pvalue(counts.ravel(), probs.ravel()) > 1e-4
+  assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
 
 
 def test_ssd_bad_input(pair):

@@ -116,3 +116,58 @@ class Programs:
       self.compiles += 1
       self._compiled[key] = exe
     return exe
+
+
+class SpecBook:
+  """Per-row bookkeeping shared by the speculative decoders: committed text, stopping, acceptance statistics."""
+
+  def __init__(self, prompts, first, opts: DecodeOptions, k: int, now: float):
+    b = len(prompts)
+    self.opts, self.k = opts, k
+    self.eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
+    self.out = [[int(first[i])] for i in range(b)]
+    self.seqs = [list(p) + [int(first[i])] for i, p in enumerate(prompts)]
+    self.done = np.array([first[i] == self.eos or opts.max_new_tokens <= 1 for i in range(b)])
+    self.forwards = np.ones(b, np.int64)    # target forwards, prefill included
+    self.finish = np.full(b, now)
+    self.accepted = np.zeros((b, k), np.int64)  # rounds in which draft position j was accepted
+    self.reached = np.zeros((b, k), np.int64)   # rounds in which draft position j was tried
+
+  def state(self):
+    """Returns (last two committed tokens [B, 2], committed lengths L [B]) as int32 arrays."""
+    last2 = np.asarray([s[-2:] for s in self.seqs], np.int32)
+    return last2, np.asarray([len(s) for s in self.seqs], np.int32)
+
+  def commit(self, accept_len, bonus, drafts, now: float, stream=None):
+    """Commits a verified round: accepted drafts plus the bonus, cut at EOS and max_new_tokens."""
+    for i in np.flatnonzero(~self.done):
+      a = int(accept_len[i])
+      self.forwards[i] += 1
+      self.reached[i, : min(a + 1, self.k)] += 1
+      self.accepted[i, :a] += 1
+      new = drafts[i, :a].tolist() + [int(bonus[i])]
+      new = new[: self.opts.max_new_tokens - len(self.out[i])]
+      if self.eos in new:
+        new = new[: new.index(self.eos) + 1]
+      self.out[i] += new
+      self.seqs[i] += new
+      if (new and new[-1] == self.eos) or len(self.out[i]) >= self.opts.max_new_tokens:
+        self.done[i] = True
+        self.finish[i] = now
+      if i == 0 and stream is not None:
+        stream(0, new)
+
+  def results(self, mode: str, t_prefill: float, t_start: float, extra_of) -> list[DecodeResult]:
+    """Returns one DecodeResult per row; extra_of(i) adds mode-specific statistics."""
+    res = []
+    for i in range(len(self.out)):
+      rounds = int(self.forwards[i] - 1)
+      extra = {"k": self.k, "rounds": rounds,
+               "acceptance_rate": round(float(self.accepted[i].sum() / max(rounds * self.k, 1)), 4),
+               "per_position_acceptance": (self.accepted[i] / np.maximum(self.reached[i], 1)).round(4).tolist(),
+               "mean_accepted_per_round": round(float(self.accepted[i].sum() / max(rounds, 1)), 4)}
+      extra.update(extra_of(i))
+      res.append(DecodeResult(self.out[i], RequestStats(
+          mode=mode, new_tokens=len(self.out[i]), target_forwards=int(self.forwards[i]), prefill_seconds=t_prefill,
+          decode_seconds=float(self.finish[i] - t_start), extra=extra)))
+    return res

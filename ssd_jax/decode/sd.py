@@ -22,9 +22,8 @@ import numpy as np
 from .. import model, sampling
 from ..config import ModelConfig
 from ..kv_cache import KVCache
-from ..metrics import RequestStats
 from .ar import first_tokens
-from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
+from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 
 
 def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k: int) -> None:
@@ -118,7 +117,6 @@ class SDDecoder:
     dcache = KVCache.init(dcfg, b, slots, self.dparams["embed"].dtype)
     key = jax.random.key(opts.seed)
     temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
-    eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
     st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
     tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
@@ -138,61 +136,27 @@ class SDDecoder:
     _, dcache = run(prefill, self.dparams, tokens_j, lengths_j, dcache, **st_d)
     cur = np.asarray(run(first_tokens, self.tparams, logits, key, temp, top_p, cfg=tcfg))
     t_prefill = time.perf_counter() - t0
-    out = [[int(cur[i])] for i in range(b)]
-    seqs = [list(p) + [int(cur[i])] for i, p in enumerate(prompts)]
-    done = np.array([cur[i] == eos or opts.max_new_tokens <= 1 for i in range(b)])
-    forwards = np.ones(b, np.int64)
-    finish = np.full(b, time.perf_counter())
-    accepted = np.zeros((b, k), np.int64)   # accepted[i, j]: rounds in which position j was accepted
-    reached = np.zeros((b, k), np.int64)    # rounds in which position j was tried
+    book = SpecBook(prompts, cur, opts, k, time.perf_counter())
     t_draft = t_verify = 0.0
     if stream is not None:
-      stream(0, out[0][:])
+      stream(0, book.out[0][:])
     rnd = 0
-    while not done.all():
+    while not book.done.all():
       rnd += 1
-      kr = jax.random.fold_in(key, rnd)
-      kd, kv = jax.random.split(kr)
-      last2 = np.asarray([s[-2:] if len(s) >= 2 else [s[-1], s[-1]] for s in seqs], np.int32)
-      lens = np.asarray([len(s) for s in seqs], np.int32)
+      kd, kv = jax.random.split(jax.random.fold_in(key, rnd))
+      last2, lens = book.state()
       ta = time.perf_counter()
       drafts, q, dcache = run(draft_propose, self.dparams, dcache, jnp.asarray(last2), jnp.asarray(lens), kd, temp,
                               top_p, **st_d, k=k)
       drafts.block_until_ready()
       tb = time.perf_counter()
       acc, bonus, tcache = run(verify, self.tparams, tcache, jnp.asarray(last2[:, 1]), drafts, q,
-                               jnp.asarray(~done), kv, temp, top_p, **st_t)
+                               jnp.asarray(~book.done), kv, temp, top_p, **st_t)
       acc, bonus, drafts_np = np.asarray(acc), np.asarray(bonus), np.asarray(drafts)
       tc = time.perf_counter()
       t_draft += tb - ta
       t_verify += tc - tb
-      for i in np.flatnonzero(~done):
-        forwards[i] += 1
-        reached[i, : min(acc[i] + 1, k)] += 1
-        accepted[i, : acc[i]] += 1
-        new = drafts_np[i, : acc[i]].tolist() + [int(bonus[i])]
-        room = opts.max_new_tokens - len(out[i])
-        new = new[:room]
-        if eos in new:
-          new = new[: new.index(eos) + 1]
-        out[i] += new
-        seqs[i] += new
-        if (new and new[-1] == eos) or len(out[i]) >= opts.max_new_tokens:
-          done[i] = True
-          finish[i] = tc
-        if i == 0 and stream is not None:
-          stream(0, new)
-    t_start = t0 + t_prefill
-    res = []
-    for i in range(b):
-      rounds = int(forwards[i] - 1)
-      per_pos = (accepted[i] / np.maximum(reached[i], 1)).round(4).tolist()
-      extra = {"k": k, "rounds": rounds, "acceptance_rate": round(float(accepted[i].sum() / max(rounds * k, 1)), 4),
-               "per_position_acceptance": per_pos,
-               "mean_accepted_per_round": round(float(accepted[i].sum() / max(rounds, 1)), 4),
-               "draft_seconds": round(t_draft, 4), "verify_seconds": round(t_verify, 4),
-               "compile_seconds": round(run.compile_seconds, 3)}
-      res.append(DecodeResult(out[i], RequestStats(mode=self.mode, new_tokens=len(out[i]),
-                                                   target_forwards=int(forwards[i]), prefill_seconds=t_prefill,
-                                                   decode_seconds=float(finish[i] - t_start), extra=extra)))
-    return res
+      book.commit(acc, bonus, drafts_np, tc, stream)
+    timing = {"draft_seconds": round(t_draft, 4), "verify_seconds": round(t_verify, 4),
+              "compile_seconds": round(run.compile_seconds, 3)}
+    return book.results(self.mode, t_prefill, t0 + t_prefill, lambda i: timing)

@@ -28,9 +28,8 @@ from .. import model, sampling
 from ..config import ModelConfig
 from ..kernels import MaskInfo, causal_mask_info
 from ..kv_cache import KVCache
-from ..metrics import RequestStats
 from .ar import first_tokens
-from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
+from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 from .sd import check_pair, draft_propose, verify
 
 
@@ -152,7 +151,6 @@ class SSDDecoder:
     on_d = lambda x: jax.device_put(x, self.ddev)
     key = jax.random.key(opts.seed)
     temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
-    eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
     st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
 
@@ -187,92 +185,58 @@ class SSDDecoder:
     _, dcache = run(prefill, self.dparams, tok_d, len_d, dcache, **st_d)
     cur = np.asarray(run(first_tokens, self.tparams, logits, on_t(key), temp, top_p, cfg=tcfg))
     t_prefill = time.perf_counter() - t0
-    out = [[int(cur[i])] for i in range(b)]
-    seqs = [list(p) + [int(cur[i])] for i, p in enumerate(prompts)]
-    done = np.array([cur[i] == eos or opts.max_new_tokens <= 1 for i in range(b)])
-    forwards = np.ones(b, np.int64)
-    finish = np.full(b, time.perf_counter())
-    accepted = np.zeros((b, k), np.int64)
-    reached = np.zeros((b, k), np.int64)
+    book = SpecBook(prompts, cur, opts, k, time.perf_counter())
     hits = np.zeros(b, np.int64)
     hits_by_len = np.zeros((b, k + 1), np.int64)
     rounds_by_len = np.zeros((b, k + 1), np.int64)
-    lookups = np.zeros(b, np.int64)
     t_idle = t_draft_wait = 0.0
     if stream is not None:
-      stream(0, out[0][:])
-
-    def state():
-      last2 = np.asarray([s[-2:] for s in seqs], np.int32)
-      lens = np.asarray([len(s) for s in seqs], np.int32)
-      return last2, lens
+      stream(0, book.out[0][:])
 
     # First round: nothing cached, so the backup drafts just in time.
-    last2, lens = state()
+    last2, lens = book.state()
     spec, q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(0, 0), temp, top_p,
                           **st_d, k=k)
     rnd = 0
-    t_last_verify_done = time.perf_counter()
-    while not done.all():
+    t_verified = time.perf_counter()
+    while not book.done.all():
       rnd += 1
       # Dispatch verify on the target device and the speculation cache on the draft device; neither blocks.
       spec_t, q_t = on_t(spec), on_t(q)
       t_dispatch = time.perf_counter()
-      t_idle += t_dispatch - t_last_verify_done
-      acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~done),
+      t_idle += t_dispatch - t_verified
+      acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~book.done),
                                on_t(jax.random.fold_in(key, 2 * rnd + 1)), temp, top_p, **st_t)
       cand, branch_j, tree_t, tree_q, dcache = run(draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens),
                                                    dkey(rnd, 1), temp, top_p, **st_d, k=k, fan_out=f)
       acc_np, bonus_np, spec_np = np.asarray(acc), np.asarray(bonus), np.asarray(spec)  # blocks on verify only
-      t_last_verify_done = time.perf_counter()
-      for i in np.flatnonzero(~done):
-        forwards[i] += 1
-        reached[i, : min(acc_np[i] + 1, k)] += 1
-        accepted[i, : acc_np[i]] += 1
-        new = spec_np[i, : acc_np[i]].tolist() + [int(bonus_np[i])]
-        new = new[: opts.max_new_tokens - len(out[i])]
-        if eos in new:
-          new = new[: new.index(eos) + 1]
-        out[i] += new
-        seqs[i] += new
-        if (new and new[-1] == eos) or len(out[i]) >= opts.max_new_tokens:
-          done[i] = True
-          finish[i] = t_last_verify_done
-        if i == 0 and stream is not None:
-          stream(0, new)
-      if done.all():
+      t_verified = time.perf_counter()
+      live = ~book.done
+      book.commit(acc_np, bonus_np, spec_np, t_verified, stream)
+      if book.done.all():
         break
-      last2, lens = state()
+      last2, lens = book.state()
       hit, c_tok, c_q = run(lookup, cand, branch_j, tree_t, tree_q, on_d(jnp.asarray(acc_np)),
                             on_d(jnp.asarray(bonus_np)))
       hit_np = np.asarray(hit)
-      t_draft_wait += time.perf_counter() - t_last_verify_done
-      for i in np.flatnonzero(~done):
-        lookups[i] += 1
+      t_draft_wait += time.perf_counter() - t_verified
+      for i in np.flatnonzero(live & ~book.done):
         hits[i] += hit_np[i]
         rounds_by_len[i, acc_np[i]] += 1
         hits_by_len[i, acc_np[i]] += hit_np[i]
-      if hit_np[~done].all():
+      if hit_np[~book.done].all():
         spec, q = c_tok, c_q
       else:  # backup: the draft, just in time, for every row; rows that hit keep their cached speculation
         j_tok, j_q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(rnd, 2), temp,
                                  top_p, **st_d, k=k)
         spec, q = run(merge_rows, hit, c_tok, c_q, j_tok, j_q)
-    t_start = t0 + t_prefill
-    res = []
-    for i in range(b):
-      rounds = int(forwards[i] - 1)
-      extra = {"k": k, "fan_out": f, "rounds": rounds,
-               "acceptance_rate": round(float(accepted[i].sum() / max(rounds * k, 1)), 4),
-               "per_position_acceptance": (accepted[i] / np.maximum(reached[i], 1)).round(4).tolist(),
-               "cache_hit_rate": round(float(hits[i] / max(lookups[i], 1)), 4),
-               "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
-                                          for h, r in zip(hits_by_len[i], rounds_by_len[i])],
-               "target_idle_seconds": round(t_idle, 4),
-               "draft_wait_seconds": round(t_draft_wait, 4),
-               "compile_seconds": round(run.compile_seconds, 3),
-               "devices": [str(self.tdev), str(self.ddev)]}
-      res.append(DecodeResult(out[i], RequestStats(mode=self.mode, new_tokens=len(out[i]),
-                                                   target_forwards=int(forwards[i]), prefill_seconds=t_prefill,
-                                                   decode_seconds=float(finish[i] - t_start), extra=extra)))
-    return res
+
+    def extra_of(i):
+      lookups = rounds_by_len[i].sum()
+      return {"fan_out": f, "cache_hit_rate": round(float(hits[i] / max(lookups, 1)), 4),
+              "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
+                                         for h, r in zip(hits_by_len[i], rounds_by_len[i])],
+              "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),
+              "compile_seconds": round(run.compile_seconds, 3), "devices": [str(self.tdev), str(self.ddev)]}
+
+    return book.results(self.mode, t_prefill, t0 + t_prefill, extra_of)
