@@ -32,7 +32,11 @@ def parse_args(argv=None):
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
   p.add_argument("--mode", default="ar", help="ar, sd or ssd")
   p.add_argument("--k", type=int, default=4, help="draft tokens per round (sd, ssd)")
-  p.add_argument("--fan-out", type=int, default=3, help="bonus-token guesses cached per acceptance length (ssd)")
+  p.add_argument("--fan-out", default="3",
+                 help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
+  p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")
+  p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"],
+                 help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
   p.add_argument("--target", default="smollm2-135m-instruct",
                  help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft, 'none')")
@@ -90,13 +94,14 @@ def main(argv=None):
     fail(f"--batch-size must be >= 1, got {args.batch_size}")
   if args.temperature < 0 or not 0 < args.top_p <= 1:
     fail("--temperature must be >= 0 and --top-p in (0, 1]")
+  from ssd_jax.fan_out import parse_fan_out
+  fan_out = parse_fan_out(args.fan_out, args.k)
+  fan_out_miss = parse_fan_out(args.fan_out_miss, args.k) if args.fan_out_miss else None
   prompts = read_prompts(args)
   if args.stream and len(prompts) != 1:
     fail("--stream needs exactly one prompt")
 
   pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention)
-  if args.fan_out < 1:
-    fail(f"--fan-out must be >= 1, got {args.fan_out}")
   if args.mode in ("sd", "ssd") and pipe.draft is None:
     fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   ctx = pipe.target.cfg.max_seq_len
@@ -109,7 +114,8 @@ def main(argv=None):
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
-                       chat=not args.raw, stream=stream, k=args.k, fan_out=args.fan_out)
+                       chat=not args.raw, stream=stream, k=args.k, fan_out=fan_out,
+                       fan_out_miss=fan_out_miss, backup=args.backup)
   if args.stream:
     print()
   if args.json_out:

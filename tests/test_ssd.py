@@ -116,3 +116,49 @@ def test_ssd_bad_input(pair):
     SSDDecoder(cfg, tp, cfg, tp, k=2, fan_out=0)
   with pytest.raises(ValueError, match="K"):
     SSDDecoder(cfg, tp, cfg, tp, k=0)
+
+
+@pytest.mark.parametrize("backup", ["fast", "ngram", "auto"])
+@pytest.mark.parametrize("fan_out,fan_out_miss", [(3, None), ((4, 3, 2, 2, 4), (9, 3, 1, 1, 1))])
+def test_greedy_ssd_backups_and_fan_out_vectors(pair, backup, fan_out, fan_out_miss):
+  cfg, tp = pair
+  dp = _perturbed(tp, 0.06, 1)
+  opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
+  ar = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
+  dec = SSDDecoder(cfg, tp, cfg, dp, k=4, fan_out=fan_out, fan_out_miss=fan_out_miss, backup=backup)
+  res = dec.generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == ar
+  used = res[0].stats.extra["backups_used"]
+  if backup != "auto":
+    assert used[backup] >= 1 and sum(used.values()) == used[backup]
+
+
+@pytest.mark.parametrize("backup", ["fast", "ngram"])
+def test_ssd_temperature_one_exact_with_fast_backups(backup):
+  """Fast backups' tokens are not drawn from the draft: they must still give the target's distribution."""
+  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
+  tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
+  dp = _perturbed(tp, 0.5, 5)
+  prompt = [1, 2, 0, 1, 2]
+  res = SSDDecoder(cfg, tp, cfg, dp, k=2, fan_out=1, backup=backup).generate(
+      [prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=6))
+  assert sum(r.stats.extra["backups_used"][backup] for r in res[:1]) >= 1
+  assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
+
+
+def test_ngram_propose():
+  from ssd_jax.backup import ngram_propose
+  assert ngram_propose([1, 2, 3, 9, 1, 2, 3], 3) == [9, 1, 2]   # longest suffix 1 2 3 seen before -> 9 1 2
+  assert ngram_propose([5, 6, 7], 2) == [7, 7]                   # no match: repeat the last token
+  assert ngram_propose([4, 8, 4], 3) == [8, 4, 4]                # unigram match, padded
+
+
+def test_theorem17_choice():
+  from ssd_jax.timing_model import critical_batch, neural_backup_better
+  # A cheap, accurate neural backup wins at batch 1 and loses at a large batch.
+  assert neural_backup_better(1, 0.8, 3.0, 3.0, 0.3)
+  assert not neural_backup_better(256, 0.8, 3.0, 3.0, 0.3)
+  b_star = critical_batch(0.8, 3.0, 3.0, 0.3)
+  assert 1 < b_star < 256
+  assert neural_backup_better(int(b_star) - 1 or 1, 0.8, 3.0, 3.0, 0.3)
+  assert not neural_backup_better(int(b_star) + 1, 0.8, 3.0, 3.0, 0.3)

@@ -30,24 +30,29 @@ from ..kernels import MaskInfo, causal_mask_info
 from ..kv_cache import KVCache
 from .ar import first_tokens
 from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
+from ..backup import BACKUPS, ngram_propose, point_mass, random_speculation
+from ..fan_out import parse_fan_out, uniform_fan_out
+from ..timing_model import neural_backup_better
 from .sd import check_pair, draft_propose, verify
 
 
-def tree_lookahead(k: int, fan_out: int) -> int:
+def tree_lookahead(k: int, fan_out: tuple) -> int:
   """Returns the draft cache slots one round needs past the committed text: glue K+2 plus K depths of branches."""
-  return k + 2 + k * (k + 1) * fan_out
+  return k + 2 + k * sum(fan_out)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl"), donate_argnames=("cache",))
 def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, cfg: ModelConfig, k: int,
-               fan_out: int, attn_impl: str = "ref"):
-  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V], cache), N = (K+1)*F.
+               fan_out: tuple, attn_impl: str = "ref"):
+  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V], cache), N = sum(fan_out).
 
   last2: [B, 2] the last two committed tokens (x_{L-1}, x_L); spec: [B, K] the speculation being verified;
-  lengths: [B] L. Static: cfg, k, fan_out (they fix the tree's shape).
+  lengths: [B] L; fan_out: (F_0..F_K) guesses per acceptance length. Static: cfg, k, fan_out (the tree's shape).
   """
   b = last2.shape[0]
-  n = (k + 1) * fan_out
+  n = sum(fan_out)
+  branch_j_np = np.repeat(np.arange(k + 1), fan_out).astype(np.int32)  # [N]
+  rank_np = np.concatenate([np.arange(f) for f in fan_out]).astype(np.int32)  # [N]
   # Glue: linear writes of x_{L-1}, x_L, s_1..s_K.
   toks = jnp.concatenate([last2, spec], axis=1)
   slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(k + 2)[None, :], 0)
@@ -62,9 +67,9 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
     spec_known = params["head_ids"][spec_rows] == spec
   excl = jax.nn.one_hot(spec_rows, g.shape[-1], dtype=bool) & spec_known[..., None]  # [B, K, V_out]
   excl = jnp.concatenate([excl, jnp.zeros((b, 1, g.shape[-1]), bool)], axis=1)
-  _, cand_rows = jax.lax.top_k(jnp.where(excl, -1.0, probs_g), fan_out)  # [B, K+1, F]
-  cand = model.to_token_ids(params, cand_rows.reshape(b, n), cfg)
-  branch_j = jnp.repeat(jnp.arange(k + 1, dtype=jnp.int32), fan_out)  # [N]
+  _, top_rows = jax.lax.top_k(jnp.where(excl, -1.0, probs_g), max(fan_out))  # [B, K+1, F_max]
+  cand = model.to_token_ids(params, top_rows[:, branch_j_np, rank_np], cfg)  # [B, N]
+  branch_j = jnp.asarray(branch_j_np)
   # Tree: K steps over all N branches.
   tree_start = lengths + k
   vis_end = jnp.broadcast_to(lengths[:, None] + branch_j[None, :], (b, n)).astype(jnp.int32)
@@ -120,17 +125,37 @@ class SSDDecoder:
   mode = "ssd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
-               fan_out: int = 3, attn_impl: str = "ref", devices=None):
+               fan_out=3, attn_impl: str = "ref", devices=None, fan_out_miss=None, backup: str = "neural"):
     check_pair(target_cfg, draft_cfg, k)
-    if not isinstance(fan_out, (int, np.integer)) or fan_out < 1:
-      raise ValueError(f"fan-out must be an integer >= 1, got {fan_out!r}")
-    if fan_out > draft_cfg.out_vocab - 1:
-      raise ValueError(f"fan-out {fan_out} exceeds the draft's vocabulary")
+    self.fan_out = self._fan_out_tuple(fan_out, k, draft_cfg)
+    # After a miss the served speculation came from the backup (with a fast backup, k = 0 is then likely): the
+    # tree may spread its budget differently, but over the same number of branches (the same compiled shapes).
+    self.fan_out_miss = self._fan_out_tuple(fan_out_miss, k, draft_cfg) if fan_out_miss is not None else self.fan_out
+    if sum(self.fan_out_miss) != sum(self.fan_out):
+      raise ValueError(f"fan-out after a miss {self.fan_out_miss} must have the same total as after a hit "
+                       f"{self.fan_out}")
+    if backup not in BACKUPS:
+      raise ValueError(f"unknown backup {backup!r}; choose from {', '.join(BACKUPS)}")
+    self.backup = backup
     self.tdev, self.ddev = devices or default_devices()
-    self.tcfg, self.dcfg, self.k, self.fan_out, self.attn_impl = target_cfg, draft_cfg, k, fan_out, attn_impl
+    self.tcfg, self.dcfg, self.k, self.attn_impl = target_cfg, draft_cfg, k, attn_impl
     self.tparams = jax.device_put(target_params, self.tdev)
     self.dparams = jax.device_put(draft_params, self.ddev)
     self.programs = Programs()
+
+  @staticmethod
+  def _fan_out_tuple(fan_out, k: int, draft_cfg: ModelConfig) -> tuple:
+    if isinstance(fan_out, (int, np.integer)):
+      fan_out = uniform_fan_out(k, int(fan_out))
+    elif isinstance(fan_out, str):
+      fan_out = parse_fan_out(fan_out, k)
+    fan_out = tuple(int(x) for x in fan_out)
+    if len(fan_out) != k + 1 or min(fan_out) < 0 or sum(fan_out) < 1:
+      raise ValueError(f"fan-out must be >= 1, or K+1 = {k + 1} non-negative counts with a positive sum; "
+                       f"got {fan_out}")
+    if max(fan_out) > draft_cfg.out_vocab - 1:
+      raise ValueError(f"fan-out {max(fan_out)} exceeds the draft's vocabulary")
+    return fan_out
 
   def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
                ) -> list[DecodeResult]:
@@ -161,7 +186,7 @@ class SSDDecoder:
       return on_d(kk)
 
     z_d, z_t = on_d(jnp.zeros((b,), jnp.int32)), on_t(jnp.zeros((b,), jnp.int32))
-    n = (k + 1) * f
+    n = sum(f)
     tok_t, len_t = on_t(jnp.asarray(tokens)), on_t(jnp.asarray(lengths))
     tok_d, len_d = on_d(jnp.asarray(tokens)), on_d(jnp.asarray(lengths))
     for fn, args, kw in (
@@ -170,8 +195,12 @@ class SSDDecoder:
         (first_tokens, (self.tparams, on_t(jnp.zeros((b, tcfg.out_vocab))), on_t(key), temp, top_p), dict(cfg=tcfg)),
         (draft_propose, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), z_d, dkey(0), temp, top_p),
          dict(st_d, k=k)),
+        (random_speculation, (dkey(0),), dict(batch=b, k=k, vocab=dcfg.vocab_size)),
+        (point_mass, (on_d(jnp.zeros((b, k), jnp.int32)),), dict(vocab=dcfg.vocab_size)),
         (draft_tree, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), on_d(jnp.zeros((b, k), jnp.int32)),
                       z_d, dkey(0), temp, top_p), dict(st_d, k=k, fan_out=f)),
+        (draft_tree, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), on_d(jnp.zeros((b, k), jnp.int32)),
+                      z_d, dkey(0), temp, top_p), dict(st_d, k=k, fan_out=self.fan_out_miss)),
         (verify, (self.tparams, tcache, z_t, on_t(jnp.zeros((b, k), jnp.int32)),
                   on_t(jnp.zeros((b, k, tcfg.vocab_size))), z_t > 0, on_t(key), temp, top_p), st_t),
         (lookup, (on_d(jnp.zeros((b, n), jnp.int32)), on_d(jnp.zeros((n,), jnp.int32)),
@@ -193,10 +222,45 @@ class SSDDecoder:
     if stream is not None:
       stream(0, book.out[0][:])
 
-    # First round: nothing cached, so the backup drafts just in time.
+    backups_used = {"neural": 0, "fast": 0, "ngram": 0}
+    # Running statistics for the automatic backup choice (Theorem 17), in units of one verify.
+    tally = {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
+             "verify_s": 0.0, "verify_n": 0}
+
+    def backup_kind():
+      if self.backup != "auto":
+        return self.backup
+      if tally["neural_rounds"] < 2 or tally["hit_rounds"] < 2 or tally["verify_n"] < 2:
+        return "neural"  # gather statistics first
+      lookups = tally["hit_rounds"] + tally["neural_rounds"]
+      t_verify = tally["verify_s"] / tally["verify_n"]
+      better = neural_backup_better(b, tally["hit_rounds"] / lookups, tally["hit_tokens"] / tally["hit_rounds"],
+                                    tally["neural_tokens"] / tally["neural_rounds"],
+                                    tally["neural_s"] / tally["neural_rounds"] / t_verify)
+      return "neural" if better else "fast"
+
+    def run_backup(kind, last2, lens, rnd, hit):
+      nonlocal dcache
+      t = time.perf_counter()
+      if kind == "neural":
+        j_tok, j_q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(rnd, 2), temp,
+                                 top_p, **st_d, k=k)
+        j_tok.block_until_ready()
+      elif kind == "fast":
+        j_tok, j_q = run(random_speculation, dkey(rnd, 3), batch=b, k=k, vocab=dcfg.vocab_size)
+      else:
+        j_tok = on_d(jnp.asarray([ngram_propose(s, k) for s in book.seqs], jnp.int32))
+        j_q = run(point_mass, j_tok, vocab=dcfg.vocab_size)
+      if kind == "neural":
+        tally["neural_s"] += time.perf_counter() - t
+      backups_used[kind] += 1
+      return run(merge_rows, hit, c_tok, c_q, j_tok, j_q) if hit is not None else (j_tok, j_q)
+
+    # First round: nothing cached, so the backup drafts.
     last2, lens = book.state()
-    spec, q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(0, 0), temp, top_p,
-                          **st_d, k=k)
+    kind = backup_kind()
+    spec, q = run_backup(kind, last2, lens, 0, None)
+    served_kind = kind  # where this round's speculation came from: 'hit' or a backup kind
     rnd = 0
     t_verified = time.perf_counter()
     while not book.done.all():
@@ -207,12 +271,21 @@ class SSDDecoder:
       t_idle += t_dispatch - t_verified
       acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~book.done),
                                on_t(jax.random.fold_in(key, 2 * rnd + 1)), temp, top_p, **st_t)
+      tree_fan = f if served_kind == "hit" else self.fan_out_miss
       cand, branch_j, tree_t, tree_q, dcache = run(draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens),
-                                                   dkey(rnd, 1), temp, top_p, **st_d, k=k, fan_out=f)
+                                                   dkey(rnd, 1), temp, top_p, **st_d, k=k, fan_out=tree_fan)
       acc_np, bonus_np, spec_np = np.asarray(acc), np.asarray(bonus), np.asarray(spec)  # blocks on verify only
       t_verified = time.perf_counter()
+      tally["verify_s"] += t_verified - t_dispatch
+      tally["verify_n"] += 1
       live = ~book.done
+      lens_before = lens
       book.commit(acc_np, bonus_np, spec_np, t_verified, stream)
+      for i in np.flatnonzero(live):
+        key_ = "hit" if served_kind == "hit" else ("neural" if served_kind == "neural" else None)
+        if key_ is not None:
+          tally[f"{key_}_rounds"] += 1
+          tally[f"{key_}_tokens"] += len(book.seqs[i]) - int(lens_before[i])
       if book.done.all():
         break
       last2, lens = book.state()
@@ -225,15 +298,15 @@ class SSDDecoder:
         rounds_by_len[i, acc_np[i]] += 1
         hits_by_len[i, acc_np[i]] += hit_np[i]
       if hit_np[~book.done].all():
-        spec, q = c_tok, c_q
-      else:  # backup: the draft, just in time, for every row; rows that hit keep their cached speculation
-        j_tok, j_q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(rnd, 2), temp,
-                                 top_p, **st_d, k=k)
-        spec, q = run(merge_rows, hit, c_tok, c_q, j_tok, j_q)
+        spec, q, served_kind = c_tok, c_q, "hit"
+      else:  # a backup for every row; rows that hit keep their cached speculation
+        served_kind = backup_kind()
+        spec, q = run_backup(served_kind, last2, lens, rnd, hit)
 
     def extra_of(i):
       lookups = rounds_by_len[i].sum()
-      return {"fan_out": f, "cache_hit_rate": round(float(hits[i] / max(lookups, 1)), 4),
+      return {"fan_out": list(f), "fan_out_miss": list(self.fan_out_miss), "backup": self.backup,
+              "backups_used": dict(backups_used), "cache_hit_rate": round(float(hits[i] / max(lookups, 1)), 4),
               "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
                                          for h, r in zip(hits_by_len[i], rounds_by_len[i])],
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),

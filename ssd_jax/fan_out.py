@@ -1,0 +1,59 @@
+"""Fan-out: how many bonus-token guesses to cache for each acceptance length (paper §2, Theorem 12).
+
+With per-token acceptance a_p (i.i.d.), P(k accepted) = a_p^k (1 - a_p) for k < K and a_p^K for k = K. If the miss
+rate at fan-out F follows a power law c * F^-r, maximising the hit probability under a budget sum_k F_k = B gives
+F_k proportional to P(k)^(1/(1+r)):
+
+  F_k = F_0 a_p^(k/(1+r))                        k < K
+  F_K = F_0 a_p^(K/(1+r)) (1 - a_p)^(-1/(1+r))   (all accepted: the bonus comes from the target's next token)
+
+rounded to non-negative integers that sum exactly to B (largest remainders).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def uniform_fan_out(k: int, f: int) -> tuple[int, ...]:
+  """Returns (F,) * (K+1)."""
+  if f < 1:
+    raise ValueError(f"fan-out must be >= 1, got {f}")
+  return (int(f),) * (k + 1)
+
+
+def geometric_weights(k: int, a_p: float, r: float) -> np.ndarray:
+  """Returns the real-valued Theorem 12 allocation shape (unnormalised) over acceptance lengths 0..K."""
+  if not 0 < a_p < 1:
+    raise ValueError(f"acceptance rate a_p must be in (0, 1), got {a_p}")
+  if r <= 0:
+    raise ValueError(f"power-law exponent r must be > 0, got {r}")
+  e = 1.0 / (1.0 + r)
+  w = a_p ** (np.arange(k + 1) * e)
+  w[k] *= (1 - a_p) ** (-e)
+  return w
+
+
+def geometric_fan_out(k: int, budget: int, a_p: float, r: float) -> tuple[int, ...]:
+  """Returns integer F_0..F_K (each >= 0) summing to `budget`, closest to the Theorem 12 allocation."""
+  if budget < 1:
+    raise ValueError(f"fan-out budget must be >= 1, got {budget}")
+  w = geometric_weights(k, a_p, r)
+  real = budget * w / w.sum()
+  base = np.floor(real).astype(int)
+  short = budget - int(base.sum())
+  order = np.argsort(-(real - base), kind="stable")
+  base[order[:short]] += 1
+  return tuple(int(x) for x in base)
+
+
+def parse_fan_out(spec: str, k: int) -> tuple[int, ...]:
+  """Parses '3' (uniform) or '4,3,2,2,3' (one per acceptance length 0..K)."""
+  try:
+    vals = [int(x) for x in str(spec).split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"fan-out {spec!r} must be an integer or a comma-separated list of integers") from None
+  if len(vals) == 1:
+    return uniform_fan_out(k, vals[0])
+  if len(vals) != k + 1 or min(vals) < 0 or sum(vals) < 1:
+    raise ValueError(f"a fan-out list needs K+1 = {k + 1} non-negative integers with a positive sum, got {spec!r}")
+  return tuple(vals)

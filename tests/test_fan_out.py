@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+
+from ssd_jax import fan_out
+
+
+@pytest.mark.parametrize("a_p,r,k,budget", [(0.8, 1.0, 7, 24), (0.6, 1.0, 7, 24), (0.9, 0.5, 4, 15), (0.3, 2.0, 3, 12)])
+def test_geometric_matches_closed_form_and_budget(a_p, r, k, budget):
+  f = fan_out.geometric_fan_out(k, budget, a_p, r)
+  assert sum(f) == budget and len(f) == k + 1 and min(f) >= 0
+  # Closed form (paper Theorem 12), written out independently of the implementation.
+  e = 1 / (1 + r)
+  denom = sum(a_p ** (j * e) for j in range(k)) + a_p ** (k * e) * (1 - a_p) ** (-e)
+  f0 = budget / denom
+  real = [f0 * a_p ** (j * e) for j in range(k)] + [f0 * a_p ** (k * e) * (1 - a_p) ** (-e)]
+  assert np.allclose(sum(real), budget)
+  assert all(abs(a - b) < 1 for a, b in zip(f, real))  # rounding moves each by less than one
+
+
+def test_worked_example_from_the_algorithm_notes():
+  w = fan_out.geometric_weights(7, 0.8, 1.0)
+  real = 24 * w / w.sum()
+  np.testing.assert_allclose(real, [3.90, 3.49, 3.12, 2.79, 2.49, 2.23, 2.00, 3.99], atol=0.01)
+
+
+def test_parse_and_errors():
+  assert fan_out.parse_fan_out("3", 2) == (3, 3, 3)
+  assert fan_out.parse_fan_out("4,2,0", 2) == (4, 2, 0)
+  for bad in ("x", "1,2", "0", "-1,2,3"):
+    with pytest.raises(ValueError):
+      fan_out.parse_fan_out(bad, 2)
+  with pytest.raises(ValueError):
+    fan_out.geometric_fan_out(3, 10, 1.2, 1.0)
