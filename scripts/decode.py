@@ -37,6 +37,8 @@ def parse_args(argv=None):
   p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"],
                  help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
+  p.add_argument("--saguaro-c", type=float, default=1.0,
+                 help="ssd: Saguaro sampling, the draft's top tokens down-weighted by C in (0, 1] (1 = off)")
   p.add_argument("--target", default="smollm2-135m-instruct",
                  help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft, 'none')")
@@ -94,6 +96,8 @@ def main(argv=None):
     fail(f"--batch-size must be >= 1, got {args.batch_size}")
   if args.temperature < 0 or not 0 < args.top_p <= 1:
     fail("--temperature must be >= 0 and --top-p in (0, 1]")
+  if not 0 < args.saguaro_c <= 1:
+    fail(f"--saguaro-c must be in (0, 1], got {args.saguaro_c}")
   from ssd_jax.fan_out import parse_fan_out
   fan_out = parse_fan_out(args.fan_out, args.k)
   fan_out_miss = parse_fan_out(args.fan_out_miss, args.k) if args.fan_out_miss else None
@@ -115,7 +119,7 @@ def main(argv=None):
   gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
                        chat=not args.raw, stream=stream, k=args.k, fan_out=fan_out,
-                       fan_out_miss=fan_out_miss, backup=args.backup)
+                       fan_out_miss=fan_out_miss, backup=args.backup, saguaro_c=args.saguaro_c)
   if args.stream:
     print()
   if args.json_out:

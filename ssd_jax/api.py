@@ -58,9 +58,10 @@ class Pipeline:
       raise ValueError("empty prompt")
     return ids
 
-  def decoder(self, mode: str, k: int = 4, fan_out=3, fan_out_miss=None, backup: str = "neural"):
+  def decoder(self, mode: str, k: int = 4, fan_out=3, fan_out_miss=None, backup: str = "neural",
+              saguaro_c: float = 1.0):
     norm = lambda f: tuple(f) if isinstance(f, (list, tuple)) else f
-    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup)
+    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup, saguaro_c)
     if key in self._decoders:  # decoders keep their compiled programs
       return self._decoders[key]
     if mode == "ar":
@@ -72,7 +73,7 @@ class Pipeline:
         dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl)
       else:
         dec = SSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
-                         self.attn_impl, fan_out_miss=fan_out_miss, backup=backup)
+                         self.attn_impl, fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c)
     else:
       dec = None
     if dec is not None:
@@ -99,13 +100,13 @@ class Pipeline:
 
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str = "ar", batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int = 4, fan_out=3,
-                   fan_out_miss=None, backup: str = "neural", **options):
+                   fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0, **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time."""
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
     opts.validate()
-    dec = self.decoder(mode, k, fan_out, fan_out_miss, backup)
+    dec = self.decoder(mode, k, fan_out, fan_out_miss, backup, saguaro_c)
     results = []
     for i in range(0, len(prompts), batch_size):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
@@ -115,12 +116,14 @@ class Pipeline:
   def generate(self, prompts: Sequence[str] | str, mode: str = "ar", max_new_tokens: int = 128,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
-               k: int = 4, fan_out=3, fan_out_miss=None, backup: str = "neural") -> list[Generation]:
+               k: int = 4, fan_out=3, fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0
+               ) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (also `fan_out` bonus guesses per acceptance
-    length: an int, or K+1 counts; `fan_out_miss` after a miss; `backup` 'neural', 'fast', 'ngram' or 'auto'; the
-    draft runs on the second device when there is one). temperature 0 is greedy; chat=False feeds the
+    length: an int, or K+1 counts; `fan_out_miss` after a miss; `backup` 'neural', 'fast', 'ngram' or 'auto';
+    `saguaro_c` < 1 down-weights the draft's top tokens (Saguaro sampling); the draft runs on the second device when
+    there is one). temperature 0 is greedy; chat=False feeds the
     text without the chat template; stream, if given, is called with each new piece of text of the first prompt.
     """
     if isinstance(prompts, str):
@@ -130,7 +133,7 @@ class Pipeline:
     ids = [self.encode_prompt(p, chat) for p in prompts]
     text_cb = self._text_streamer(stream) if stream is not None else None
     res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out,
-                            fan_out_miss=fan_out_miss, backup=backup, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             ignore_eos=ignore_eos)
     return [Generation(p, r.token_ids, self.tokenizer.decode(r.token_ids), r.stats.to_dict())
             for p, r in zip(prompts, res)]

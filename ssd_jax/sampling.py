@@ -79,3 +79,17 @@ def rejection_sample(key: jax.Array, p: jax.Array, q: jax.Array, draft_tokens: j
   resid = jnp.where(mass > 0, resid / jnp.where(mass > 0, mass, 1.0), p_k)
   bonus = sample(kb, resid)
   return accept_len, bonus
+
+
+def saguaro_rescale(probs: jax.Array, c, n_top: int) -> jax.Array:
+  """Returns probs with its `n_top` most likely tokens down-weighted by C and renormalised (Saguaro sampling).
+
+  The draft samples from this q' and hands q' itself to the verifier, which keeps speculation exact for any C in
+  (0, 1]. n_top is static: the fan-out plus one (the cached candidates and the drafted token, which the fork
+  excludes). n_top = 0 or C = 1 leaves probs unchanged; a one-hot (greedy) distribution is unchanged for any C.
+  """
+  if n_top <= 0:
+    return probs
+  kth = jax.lax.top_k(probs, n_top)[0][..., -1:]
+  scaled = jnp.where(probs >= kth, probs * jnp.asarray(c, probs.dtype), probs)
+  return scaled / scaled.sum(-1, keepdims=True)

@@ -34,8 +34,9 @@ def test_tree_branches_equal_plain_forward(head_vocab):
   _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
   last2 = jnp.asarray([t[-2:] for t in texts], jnp.int32)
   lengths = jnp.asarray([len(t) for t in texts], jnp.int32)
-  cand, branch_j, tree_t, tree_q, _ = draft_tree(params, cache, last2, jnp.asarray(spec), lengths, jax.random.key(0),
-                                                 jnp.float32(1.0), jnp.float32(1.0), cfg=cfg, k=k, fan_out=f)
+  cand, branch_j, tree_t, tree_q, _, _ = draft_tree(params, cache, last2, jnp.asarray(spec), lengths,
+                                                    jax.random.key(0), jnp.float32(1.0), jnp.float32(1.0),
+                                                    jnp.float32(1.0), cfg=cfg, k=k, fan_out=(f,) * (k + 1))
   cand, branch_j, tree_t, tree_q = (np.asarray(x) for x in (cand, branch_j, tree_t, tree_q))
   for r in range(2):
     glue = texts[r] + spec[r].tolist()
@@ -96,14 +97,16 @@ def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
     assert 0 < np.mean(hit_rates) < 1
 
 
-def test_ssd_temperature_one_matches_target_joint_distribution():
-  """As for SD: tokens emitted through SSD rounds (hits and misses) follow the target's joint distribution."""
+@pytest.mark.parametrize("saguaro_c", [1.0, 0.25])
+def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
+  """As for SD: tokens emitted through SSD rounds (hits and misses) follow the target's joint distribution,
+  with plain sampling and with Saguaro sampling (the draft's top set down-weighted by C)."""
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
   dp = _perturbed(tp, 0.5, 5)
   prompt = [1, 2, 0]
   n = 3000
-  res = SSDDecoder(cfg, tp, cfg, dp, k=1, fan_out=2).generate(
+  res = SSDDecoder(cfg, tp, cfg, dp, k=1, fan_out=2, saguaro_c=saguaro_c).generate(
       [prompt] * n, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
   assert 0.2 < hr < 0.98  # both hit and miss rounds contribute
@@ -162,3 +165,20 @@ def test_theorem17_choice():
   assert 1 < b_star < 256
   assert neural_backup_better(int(b_star) - 1 or 1, 0.8, 3.0, 3.0, 0.3)
   assert not neural_backup_better(int(b_star) + 1, 0.8, 3.0, 3.0, 0.3)
+
+
+def test_saguaro_rescale_moves_residual_mass_onto_the_cached_set():
+  from ssd_jax import sampling
+  rng = np.random.default_rng(0)
+  q = jax.nn.softmax(jnp.asarray(rng.normal(size=50) * 2, jnp.float32))
+  p = jax.nn.softmax(jnp.asarray(np.asarray(jnp.log(q)) + rng.normal(size=50) * 0.7, jnp.float32))
+  top = np.argsort(-np.asarray(q))[:4]
+  mass = []
+  for c in (1.0, 0.5, 0.25):
+    qc = np.asarray(sampling.saguaro_rescale(q, c, 4))
+    assert abs(qc.sum() - 1) < 1e-5
+    resid = np.maximum(np.asarray(p) - qc, 0)
+    mass.append(resid[top].sum() / resid.sum())
+  assert mass[0] < mass[1] < mass[2]  # the residual (where the bonus comes from) concentrates on cached tokens
+  onehot = jax.nn.one_hot(3, 50)
+  np.testing.assert_array_equal(np.asarray(sampling.saguaro_rescale(onehot, 0.25, 4)), np.asarray(onehot))

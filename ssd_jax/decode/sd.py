@@ -34,12 +34,13 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k: int) -> None:
     raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {k!r}")
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl"), donate_argnames=("cache",))
-def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, cfg: ModelConfig, k: int,
-                  attn_impl: str = "ref"):
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "saguaro_top"), donate_argnames=("cache",))
+def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
+                  k: int, attn_impl: str = "ref", saguaro_top: int = 0):
   """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache).
 
-  last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k.
+  last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k,
+  saguaro_top (SSD's Saguaro sampling: the top tokens down-weighted by saguaro_c; 0 = plain sampling).
   """
   b = last2.shape[0]
   slots = lengths[:, None] - 2 + jnp.arange(2)[None, :]
@@ -51,6 +52,7 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
 
   def draw(logits_row, kk):
     probs = sampling.processed_probs(logits_row, temperature, top_p)  # over the draft's head vocabulary
+    probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
     tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)
     return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)
 
@@ -117,6 +119,7 @@ class SDDecoder:
     dcache = KVCache.init(dcfg, b, slots, self.dparams["embed"].dtype)
     key = jax.random.key(opts.seed)
     temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    one = jnp.float32(1.0)  # Saguaro C: plain sampling in SD
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
     st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
     tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
@@ -125,8 +128,8 @@ class SDDecoder:
                          (prefill, (self.dparams, tokens_j, lengths_j, dcache), st_d),
                          (first_tokens, (self.tparams, jnp.zeros((b, tcfg.out_vocab)), key, temp, top_p),
                           dict(cfg=tcfg)),
-                         (draft_propose, (self.dparams, dcache, jnp.zeros((b, 2), jnp.int32), zeros, key, temp, top_p),
-                          dict(st_d, k=k)),
+                         (draft_propose, (self.dparams, dcache, jnp.zeros((b, 2), jnp.int32), zeros, key, temp, top_p,
+                                          one), dict(st_d, k=k)),
                          (verify, (self.tparams, tcache, zeros, jnp.zeros((b, k), jnp.int32),
                                    jnp.zeros((b, k, tcfg.vocab_size)), zeros > 0, key, temp, top_p), st_t)):
       run.compile_only(fn, *args, **kw)
@@ -147,7 +150,7 @@ class SDDecoder:
       last2, lens = book.state()
       ta = time.perf_counter()
       drafts, q, dcache = run(draft_propose, self.dparams, dcache, jnp.asarray(last2), jnp.asarray(lens), kd, temp,
-                              top_p, **st_d, k=k)
+                              top_p, one, **st_d, k=k)
       drafts.block_until_ready()
       tb = time.perf_counter()
       acc, bonus, tcache = run(verify, self.tparams, tcache, jnp.asarray(last2[:, 1]), drafts, q,

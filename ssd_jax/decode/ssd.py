@@ -41,13 +41,16 @@ def tree_lookahead(k: int, fan_out: tuple) -> int:
   return k + 2 + k * sum(fan_out)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl"), donate_argnames=("cache",))
-def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, cfg: ModelConfig, k: int,
-               fan_out: tuple, attn_impl: str = "ref"):
-  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V], cache), N = sum(fan_out).
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "saguaro_top"),
+                   donate_argnames=("cache",))
+def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
+               k: int, fan_out: tuple, attn_impl: str = "ref", saguaro_top: int = 0):
+  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V], g, cache), N = sum(fan_out).
 
   last2: [B, 2] the last two committed tokens (x_{L-1}, x_L); spec: [B, K] the speculation being verified;
-  lengths: [B] L; fan_out: (F_0..F_K) guesses per acceptance length. Static: cfg, k, fan_out (the tree's shape).
+  lengths: [B] L; fan_out: (F_0..F_K) guesses per acceptance length. Static: cfg, k, fan_out (the tree's shape),
+  saguaro_top (Saguaro sampling of the tree tokens: top tokens down-weighted by saguaro_c; 0 = plain sampling).
+  The glue distributions g are also returned, [B, K+1, V_out], for calibration (bonus-token ranks).
   """
   b = last2.shape[0]
   n = sum(fan_out)
@@ -84,6 +87,7 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
     lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl)
     probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
+    probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
     tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
     tok = model.to_token_ids(params, tok, cfg)
     out_t = out_t.at[:, :, d].set(tok)
@@ -93,7 +97,7 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
   out_t = jnp.zeros((b, n, k), jnp.int32)
   out_q = jnp.zeros((b, n, k, cfg.vocab_size), jnp.float32)
   cache, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, out_t, out_q))
-  return cand, branch_j, out_t, out_q, cache
+  return cand, branch_j, out_t, out_q, probs_g, cache
 
 
 @jax.jit
@@ -125,7 +129,8 @@ class SSDDecoder:
   mode = "ssd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
-               fan_out=3, attn_impl: str = "ref", devices=None, fan_out_miss=None, backup: str = "neural"):
+               fan_out=3, attn_impl: str = "ref", devices=None, fan_out_miss=None, backup: str = "neural",
+               saguaro_c: float = 1.0):
     check_pair(target_cfg, draft_cfg, k)
     self.fan_out = self._fan_out_tuple(fan_out, k, draft_cfg)
     # After a miss the served speculation came from the backup (with a fast backup, k = 0 is then likely): the
@@ -137,6 +142,11 @@ class SSDDecoder:
     if backup not in BACKUPS:
       raise ValueError(f"unknown backup {backup!r}; choose from {', '.join(BACKUPS)}")
     self.backup = backup
+    if not 0 < saguaro_c <= 1:
+      raise ValueError(f"Saguaro C must be in (0, 1], got {saguaro_c}")
+    self.saguaro_c = float(saguaro_c)
+    # Rescaled set = the cached candidates plus the drafted token (which the fork excludes).
+    self.saguaro_top = 0 if saguaro_c == 1 else max(max(self.fan_out), max(self.fan_out_miss)) + 1
     self.tdev, self.ddev = devices or default_devices()
     self.tcfg, self.dcfg, self.k, self.attn_impl = target_cfg, draft_cfg, k, attn_impl
     self.tparams = jax.device_put(target_params, self.tdev)
@@ -176,6 +186,8 @@ class SSDDecoder:
     on_d = lambda x: jax.device_put(x, self.ddev)
     key = jax.random.key(opts.seed)
     temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    sag_c = on_d(jnp.float32(self.saguaro_c))
+    st_sag = dict(saguaro_top=self.saguaro_top)
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
     st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
 
@@ -193,14 +205,14 @@ class SSDDecoder:
         (prefill, (self.tparams, tok_t, len_t, tcache), st_t),
         (prefill, (self.dparams, tok_d, len_d, dcache), st_d),
         (first_tokens, (self.tparams, on_t(jnp.zeros((b, tcfg.out_vocab))), on_t(key), temp, top_p), dict(cfg=tcfg)),
-        (draft_propose, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), z_d, dkey(0), temp, top_p),
-         dict(st_d, k=k)),
+        (draft_propose, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), z_d, dkey(0), temp, top_p,
+                         sag_c), dict(st_d, k=k, **st_sag)),
         (random_speculation, (dkey(0),), dict(batch=b, k=k, vocab=dcfg.vocab_size)),
         (point_mass, (on_d(jnp.zeros((b, k), jnp.int32)),), dict(vocab=dcfg.vocab_size)),
         (draft_tree, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), on_d(jnp.zeros((b, k), jnp.int32)),
-                      z_d, dkey(0), temp, top_p), dict(st_d, k=k, fan_out=f)),
+                      z_d, dkey(0), temp, top_p, sag_c), dict(st_d, k=k, fan_out=f, **st_sag)),
         (draft_tree, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), on_d(jnp.zeros((b, k), jnp.int32)),
-                      z_d, dkey(0), temp, top_p), dict(st_d, k=k, fan_out=self.fan_out_miss)),
+                      z_d, dkey(0), temp, top_p, sag_c), dict(st_d, k=k, fan_out=self.fan_out_miss, **st_sag)),
         (verify, (self.tparams, tcache, z_t, on_t(jnp.zeros((b, k), jnp.int32)),
                   on_t(jnp.zeros((b, k, tcfg.vocab_size))), z_t > 0, on_t(key), temp, top_p), st_t),
         (lookup, (on_d(jnp.zeros((b, n), jnp.int32)), on_d(jnp.zeros((n,), jnp.int32)),
@@ -244,7 +256,7 @@ class SSDDecoder:
       t = time.perf_counter()
       if kind == "neural":
         j_tok, j_q, dcache = run(draft_propose, self.dparams, dcache, on_d(last2), on_d(lens), dkey(rnd, 2), temp,
-                                 top_p, **st_d, k=k)
+                                 top_p, sag_c, **st_d, k=k, **st_sag)
         j_tok.block_until_ready()
       elif kind == "fast":
         j_tok, j_q = run(random_speculation, dkey(rnd, 3), batch=b, k=k, vocab=dcfg.vocab_size)
@@ -272,8 +284,9 @@ class SSDDecoder:
       acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~book.done),
                                on_t(jax.random.fold_in(key, 2 * rnd + 1)), temp, top_p, **st_t)
       tree_fan = f if served_kind == "hit" else self.fan_out_miss
-      cand, branch_j, tree_t, tree_q, dcache = run(draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens),
-                                                   dkey(rnd, 1), temp, top_p, **st_d, k=k, fan_out=tree_fan)
+      cand, branch_j, tree_t, tree_q, glue_g, dcache = run(
+          draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens), dkey(rnd, 1), temp, top_p, sag_c, **st_d,
+          k=k, fan_out=tree_fan, **st_sag)
       acc_np, bonus_np, spec_np = np.asarray(acc), np.asarray(bonus), np.asarray(spec)  # blocks on verify only
       t_verified = time.perf_counter()
       tally["verify_s"] += t_verified - t_dispatch
