@@ -35,6 +35,9 @@ def parse_args(argv=None):
   p.add_argument("--fan-out", default="3",
                  help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")
+  p.add_argument("--fan-out-strategy", default="uniform", choices=["uniform", "geometric"],
+                 help="ssd: geometric spreads a budget of F*(K+1) by Theorem 12, from the draft's calibration "
+                      "(scripts/calibrate_fan_out.py)")
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"],
                  help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
   p.add_argument("--saguaro-c", type=float, default=1.0,
@@ -108,6 +111,12 @@ def main(argv=None):
   pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention)
   if args.mode in ("sd", "ssd") and pipe.draft is None:
     fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
+  if args.fan_out_strategy == "geometric":
+    from ssd_jax.fan_out import calibrated_geometric
+    if len(set(fan_out)) != 1:
+      fail("--fan-out-strategy geometric takes a single --fan-out F (the budget is F*(K+1))")
+    fan_out = calibrated_geometric(os.path.join(pipe.draft.path, "fan_out_calibration.json"), args.k,
+                                   sum(fan_out), args.temperature)
   ctx = pipe.target.cfg.max_seq_len
   for i, p in enumerate(prompts):
     n = len(pipe.encode_prompt(p, chat=not args.raw))

@@ -152,7 +152,7 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
     path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
     if os.path.exists(os.path.join(path, "config.json")):
       dcfg, dparams, _ = checkpoints.load_model(path)
-      d = LoadedModel(dcfg, dparams, path)
+      d = LoadedModel(dcfg, dparams, os.path.abspath(path))
     elif draft != "default":
       raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl)

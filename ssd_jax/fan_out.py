@@ -57,3 +57,37 @@ def parse_fan_out(spec: str, k: int) -> tuple[int, ...]:
   if len(vals) != k + 1 or min(vals) < 0 or sum(vals) < 1:
     raise ValueError(f"a fan-out list needs K+1 = {k + 1} non-negative integers with a positive sum, got {spec!r}")
   return tuple(vals)
+
+
+def fit_power_law(ranks, f_max: int = 32):
+  """Returns (r, c, miss) fitted to miss(F) = c F^-r, miss(F) = fraction of bonus ranks > F, over F = 1..f_max.
+
+  `ranks` are the ranks (1 = the draft's top candidate) of the realised bonus tokens; see SSDDecoder(record_ranks).
+  """
+  ranks = np.asarray(ranks)
+  if ranks.size < 10:
+    raise ValueError(f"need at least 10 recorded rounds to fit the miss-rate curve, got {ranks.size}")
+  fs = np.arange(1, f_max + 1)
+  miss = np.asarray([(ranks > f).mean() for f in fs])
+  ok = miss > 0
+  if ok.sum() < 2:
+    return float("inf"), 0.0, miss  # (almost) never misses: any fan-out works
+  slope, intercept = np.polyfit(np.log(fs[ok]), np.log(miss[ok]), 1)
+  return float(max(-slope, 1e-3)), float(np.exp(intercept)), miss
+
+
+def calibrated_geometric(calibration_file: str, k: int, budget: int, temperature: float) -> tuple[int, ...]:
+  """Returns the Theorem 12 fan-out from a calibration file (scripts/calibrate_fan_out.py), nearest temperature."""
+  import json
+  import os
+
+  if not os.path.exists(calibration_file):
+    raise ValueError(f"no fan-out calibration at {calibration_file}; run scripts/calibrate_fan_out.py first")
+  with open(calibration_file) as f:
+    data = json.load(f)
+  if not data:
+    raise ValueError(f"{calibration_file} holds no calibration")
+  t = min(data, key=lambda s: abs(float(s) - temperature))
+  a_p, r = float(data[t]["a_p"]), float(data[t]["r"])
+  a_p = min(max(a_p, 1e-3), 1 - 1e-3)
+  return geometric_fan_out(k, budget, a_p, min(r, 1e3))

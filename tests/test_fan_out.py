@@ -31,3 +31,22 @@ def test_parse_and_errors():
       fan_out.parse_fan_out(bad, 2)
   with pytest.raises(ValueError):
     fan_out.geometric_fan_out(3, 10, 1.2, 1.0)
+
+
+def test_fit_power_law_recovers_exponent():
+  rng = np.random.default_rng(0)
+  for r in (0.5, 1.0, 2.0):
+    u = rng.uniform(size=200_000)
+    ranks = np.ceil(u ** (-1 / r))  # P(rank > F) = P(u^(-1/r) > F) = F^-r for integer F
+    got, c, miss = fan_out.fit_power_law(ranks)
+    assert abs(got - r) < 0.08 * r and abs(c - 1) < 0.15
+
+
+def test_calibrated_geometric_reads_nearest_temperature(tmp_path):
+  import json
+  f = tmp_path / "cal.json"
+  f.write_text(json.dumps({"0": {"a_p": 0.8, "r": 1.0}, "1": {"a_p": 0.6, "r": 1.0}}))
+  assert fan_out.calibrated_geometric(str(f), 7, 24, 0.1) == fan_out.geometric_fan_out(7, 24, 0.8, 1.0)
+  assert fan_out.calibrated_geometric(str(f), 7, 24, 0.9) == fan_out.geometric_fan_out(7, 24, 0.6, 1.0)
+  with pytest.raises(ValueError, match="calibrate_fan_out"):
+    fan_out.calibrated_geometric(str(tmp_path / "none.json"), 7, 24, 0.0)

@@ -182,3 +182,16 @@ def test_saguaro_rescale_moves_residual_mass_onto_the_cached_set():
   assert mass[0] < mass[1] < mass[2]  # the residual (where the bonus comes from) concentrates on cached tokens
   onehot = jax.nn.one_hot(3, 50)
   np.testing.assert_array_equal(np.asarray(sampling.saguaro_rescale(onehot, 0.25, 4)), np.asarray(onehot))
+
+
+def test_bonus_rank():
+  from ssd_jax.decode.ssd import bonus_rank
+  cfg = tiny_config(vocab_size=8)
+  params = {}
+  g = jnp.asarray([[[0.1, 0.4, 0.2, 0.3, 0, 0, 0, 0], [0.5, 0.1, 0.1, 0.3, 0, 0, 0, 0]]])  # K = 1
+  spec = jnp.asarray([[1]])
+  # k = 0: drafted token 1 excluded, so token 3 is the top candidate; token 2 second.
+  assert bonus_rank(params, g, spec, jnp.asarray([0]), jnp.asarray([3]), cfg=cfg).tolist() == [1]
+  assert bonus_rank(params, g, spec, jnp.asarray([0]), jnp.asarray([2]), cfg=cfg).tolist() == [2]
+  # k = K: nothing excluded.
+  assert bonus_rank(params, g, spec, jnp.asarray([1]), jnp.asarray([3]), cfg=cfg).tolist() == [2]

@@ -111,6 +111,28 @@ def lookup(cand, branch_j, tree_tokens, tree_q, accept_len, bonus):
   return hit, toks, q
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def bonus_rank(params, glue_g, spec, accept_len, bonus, cfg: ModelConfig):
+  """Returns [B] the rank (1 = most likely) of each bonus token under the draft's glue distribution at its
+  acceptance length, the drafted token excluded below K: the fan-out a cache needs to have held it. Tokens outside
+  the draft's vocabulary get rank V_out + 1."""
+  b, k1, v = glue_g.shape
+  g = jnp.take_along_axis(glue_g, accept_len[:, None, None], 1)[:, 0]  # [B, V_out]
+  if cfg.head_vocab is None:
+    rows, known = bonus, jnp.ones_like(bonus, bool)
+    srows = spec
+  else:
+    rows = params["vocab_map"][bonus]
+    known = params["head_ids"][rows] == bonus
+    srows = params["vocab_map"][spec]
+  drafted = jnp.take_along_axis(jnp.concatenate([srows, jnp.full((b, 1), -1, srows.dtype)], 1),
+                                accept_len[:, None], 1)[:, 0]
+  g = jnp.where(jnp.arange(v)[None, :] == drafted[:, None], -1.0, g)
+  pb = jnp.take_along_axis(g, rows[:, None], 1)[:, 0]
+  rank = 1 + (g > pb[:, None]).sum(-1)
+  return jnp.where(known, rank, v + 1).astype(jnp.int32)
+
+
 @jax.jit
 def merge_rows(hit, a_tokens, a_q, b_tokens, b_q):
   """Returns per row (a if hit else b) for tokens [B, K] and distributions [B, K, V]."""
@@ -130,7 +152,7 @@ class SSDDecoder:
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
                fan_out=3, attn_impl: str = "ref", devices=None, fan_out_miss=None, backup: str = "neural",
-               saguaro_c: float = 1.0):
+               saguaro_c: float = 1.0, record_ranks: bool = False):
     check_pair(target_cfg, draft_cfg, k)
     self.fan_out = self._fan_out_tuple(fan_out, k, draft_cfg)
     # After a miss the served speculation came from the backup (with a fast backup, k = 0 is then likely): the
@@ -145,6 +167,7 @@ class SSDDecoder:
     if not 0 < saguaro_c <= 1:
       raise ValueError(f"Saguaro C must be in (0, 1], got {saguaro_c}")
     self.saguaro_c = float(saguaro_c)
+    self.record_ranks = record_ranks  # calibration: keep (accept_len, bonus rank) of every round
     # Rescaled set = the cached candidates plus the drafted token (which the fork excludes).
     self.saguaro_top = 0 if saguaro_c == 1 else max(max(self.fan_out), max(self.fan_out_miss)) + 1
     self.tdev, self.ddev = devices or default_devices()
@@ -235,6 +258,7 @@ class SSDDecoder:
       stream(0, book.out[0][:])
 
     backups_used = {"neural": 0, "fast": 0, "ngram": 0}
+    ranks = [[] for _ in range(b)]
     # Running statistics for the automatic backup choice (Theorem 17), in units of one verify.
     tally = {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
              "verify_s": 0.0, "verify_n": 0}
@@ -304,6 +328,11 @@ class SSDDecoder:
       last2, lens = book.state()
       hit, c_tok, c_q = run(lookup, cand, branch_j, tree_t, tree_q, on_d(jnp.asarray(acc_np)),
                             on_d(jnp.asarray(bonus_np)))
+      if self.record_ranks:
+        rk = np.asarray(bonus_rank(self.dparams, glue_g, spec, on_d(jnp.asarray(acc_np)), on_d(jnp.asarray(bonus_np)),
+                                   cfg=dcfg))
+        for i in np.flatnonzero(live):
+          ranks[i].append((int(acc_np[i]), int(rk[i])))
       hit_np = np.asarray(hit)
       t_draft_wait += time.perf_counter() - t_verified
       for i in np.flatnonzero(live & ~book.done):
@@ -319,7 +348,8 @@ class SSDDecoder:
     def extra_of(i):
       lookups = rounds_by_len[i].sum()
       return {"fan_out": list(f), "fan_out_miss": list(self.fan_out_miss), "backup": self.backup,
-              "backups_used": dict(backups_used), "cache_hit_rate": round(float(hits[i] / max(lookups, 1)), 4),
+              "backups_used": dict(backups_used), **({"bonus_ranks": ranks[i]} if self.record_ranks else {}),
+              "cache_hit_rate": round(float(hits[i] / max(lookups, 1)), 4),
               "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
                                          for h, r in zip(hits_by_len[i], rounds_by_len[i])],
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),
