@@ -23,25 +23,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import ModelConfig
-from .kernels import MaskInfo, attention, causal_mask_info
+from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
 from .kv_cache import KVCache
 
 
-# XLA:CPU runs a product with a few rows (2..~16) through a GEMM that packs the whole weight matrix first, costing
-# 2-3x a one-row product although the weights are read from memory either way. Issuing one matrix-vector product
-# per row instead lets the later rows hit the weights in cache: measured on the 30-layer target, layer products for
-# 5 rows went from 86 to 61 ms (one row: ~40 ms). Accelerators do not need this and never take this path.
-ROW_SPLIT_MAX_ROWS = 8
+# XLA:CPU sends a product with a few rows (2..~16) through a GEMM that packs the whole weight matrix first, costing
+# 2-3x a one-row product although the weights come from memory either way; speculative verify (K+1 rows) then
+# costs several AR steps and speculation loses its premise. On CPU, products with up to ROWS_KERNEL_MAX rows go
+# through a small C++ kernel that streams each weight row once for all rows (kernels/rows_matmul.py); it also makes
+# a row's result independent of how many rows share the call. Accelerators never take this path.
+ROWS_KERNEL_MAX = 16
+
+
+def _use_rows_kernel(x: jax.Array, w: jax.Array, min_rows: int = 1) -> bool:
+  lead = x.shape[:-1]
+  m = int(np.prod(lead)) if lead else 1
+  return (min_rows <= m <= ROWS_KERNEL_MAX and x.dtype == jnp.float32 and w.dtype == jnp.float32
+          and jax.default_backend() == "cpu" and rows_matmul.available())
 
 
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
-  """Returns x @ w for x [..., K], w [K, N]; on CPU, a few rows are multiplied one at a time (see above)."""
-  lead = x.shape[:-1]
-  m = int(np.prod(lead)) if lead else 1
-  if 1 < m <= ROW_SPLIT_MAX_ROWS and jax.default_backend() == "cpu":
-    x2 = x.reshape(m, x.shape[-1])
-    y = jnp.concatenate([x2[i:i + 1] @ w for i in range(m)], axis=0)
-    return y.reshape(*lead, w.shape[-1])
+  """Returns x @ w for x [..., K], w [K, N] (2..16 rows on CPU: the streaming kernel; one row: XLA's own
+  matrix-vector product, which is faster for [in, out] weights)."""
+  if _use_rows_kernel(x, w, min_rows=2):
+    return rows_matmul.rows_matmul(x, w)
   return x @ w
 
 
@@ -137,8 +142,10 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
 def lm_head(params, x, cfg: ModelConfig):
   """Returns logits [..., V_out] (float32) from final hidden states."""
   if cfg.tie_embeddings:
+    if _use_rows_kernel(x, params["embed"]):
+      return rows_matmul.rows_matmul(x, params["embed"], transposed=True)
     return jnp.einsum("...d,vd->...v", x, params["embed"]).astype(jnp.float32)
-  return (x @ params["lm_head"]).astype(jnp.float32)
+  return dense(x, params["lm_head"]).astype(jnp.float32)
 
 
 def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
@@ -146,7 +153,7 @@ def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskIn
   """Returns (logits, cache).
 
   tokens, positions, write_slots: [B, T] int32 (RoPE position and cache slot of each new token); mask describes what
-  each query sees (see kernels.attention). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
+  each query sees (see kernels/masked_attention.py). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
   (prefill only needs the last position of each row), else [B, T, V_out]. The cache's lengths are not changed: the
   caller commits tokens by advancing lengths.
   """

@@ -1,0 +1,119 @@
+"""Few-row matrix products on XLA:CPU through a small C++ FFI kernel (kernels/cpu/rows_matmul.cc).
+
+The kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU) under
+~/.cache/ssd-jax. Where that is impossible (no compiler, another platform) `available()` is False and callers use
+plain jnp products. `ref_rows_matmul` is the reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu", "rows_matmul.cc")
+_LOCK = threading.Lock()
+_STATE = {"loaded": None}  # None: not tried; True / False after the first attempt
+
+
+def _cache_dir() -> str:
+  return os.path.join(os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax")),
+                      "kernels")
+
+
+def _build() -> str:
+  with open(_SRC, "rb") as f:
+    src_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+  cpu = hashlib.sha256((platform.machine() + platform.processor()).encode()).hexdigest()[:8]
+  out = os.path.join(_cache_dir(), f"rows_matmul_{src_hash}_{cpu}.so")
+  if os.path.exists(out):
+    return out
+  os.makedirs(_cache_dir(), exist_ok=True)
+  cxx = os.environ.get("CXX", "g++")
+  cmd = [cxx, "-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
+         "-I", jax.ffi.include_dir(), _SRC, "-o", out + ".tmp"]
+  res = subprocess.run(cmd, capture_output=True, text=True)
+  if res.returncode != 0:
+    raise RuntimeError(res.stderr[-2000:])
+  os.replace(out + ".tmp", out)
+  return out
+
+
+def available() -> bool:
+  """Returns whether the CPU kernel is usable (compiling and registering it on first call)."""
+  if _STATE["loaded"] is not None:
+    return _STATE["loaded"]
+  with _LOCK:
+    if _STATE["loaded"] is None:
+      if os.environ.get("SSD_JAX_NO_CPU_KERNELS") or jax.default_backend() != "cpu":
+        _STATE["loaded"] = False
+        return False
+      try:
+        # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        lib = ctypes.CDLL(_build())
+        jax.ffi.register_ffi_target("ssd_rows_matmul", jax.ffi.pycapsule(lib.SsdRowsMatmul), platform="cpu")
+        jax.ffi.register_ffi_target("ssd_rows_matmul_t", jax.ffi.pycapsule(lib.SsdRowsMatmulT), platform="cpu")
+        _STATE["loaded"] = True
+      except Exception as e:  # no compiler, missing headers, ...: fall back to jnp products
+        print(f"[ssd-jax] CPU few-row kernel unavailable ({type(e).__name__}: {str(e)[:200]}); using XLA's products",
+              file=sys.stderr)
+        _STATE["loaded"] = False
+  return _STATE["loaded"]
+
+
+def ref_rows_matmul(x, w, transposed: bool = False):
+  """Returns x @ w ([K, N] weights) or x @ w.T ([N, K] weights when transposed)."""
+  return jnp.einsum("...k,nk->...n", x, w) if transposed else x @ w
+
+
+def _ffi(x, w, transposed: bool):
+  n = w.shape[0] if transposed else w.shape[1]
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
+  name = "ssd_rows_matmul_t" if transposed else "ssd_rows_matmul"
+  return jax.ffi.ffi_call(name, out)(x, w)
+
+
+@jax.custom_vjp
+def _rows(x, w):
+  return _ffi(x, w, False)
+
+
+def _rows_fwd(x, w):
+  return _ffi(x, w, False), (x, w)
+
+
+def _rows_bwd(res, g):
+  x, w = res
+  return g @ w.T, jnp.einsum("...k,...n->kn", x, g)
+
+
+_rows.defvjp(_rows_fwd, _rows_bwd)
+
+
+@jax.custom_vjp
+def _rows_t(x, e):
+  return _ffi(x, e, True)
+
+
+def _rows_t_fwd(x, e):
+  return _ffi(x, e, True), (x, e)
+
+
+def _rows_t_bwd(res, g):
+  x, e = res
+  return g @ e, jnp.einsum("...k,...n->nk", x, g)
+
+
+_rows_t.defvjp(_rows_t_fwd, _rows_t_bwd)
+
+
+def rows_matmul(x, w, transposed: bool = False):
+  """Returns x @ w (or x @ w.T) through the CPU kernel; float32 only (callers check `available()` first)."""
+  return _rows_t(x, w) if transposed else _rows(x, w)
