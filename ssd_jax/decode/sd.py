@@ -140,13 +140,15 @@ class SDDecoder:
     cur = np.asarray(run(first_tokens, self.tparams, logits, key, temp, top_p, cfg=tcfg))
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, cur, opts, k, time.perf_counter())
+    stream_root = jax.random.fold_in(key, 0x5EED)
     t_draft = t_verify = 0.0
     if stream is not None:
       stream(0, book.out[0][:])
     rnd = 0
     while not book.done.all():
       rnd += 1
-      kd, kv = jax.random.split(jax.random.fold_in(key, rnd))
+      # Draft proposals and verifier uniforms come from separate streams (and never from the prefill's key).
+      kd, kv = jax.random.split(jax.random.fold_in(stream_root, rnd))
       last2, lens = book.state()
       ta = time.perf_counter()
       drafts, q, dcache = run(draft_propose, self.dparams, dcache, jnp.asarray(last2), jnp.asarray(lens), kd, temp,

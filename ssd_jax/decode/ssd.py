@@ -214,8 +214,11 @@ class SSDDecoder:
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
     st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
 
+    # Separate random streams per role: the draft's proposals must be independent of the verifier's uniforms.
+    draft_root, verify_root = jax.random.fold_in(key, 0x5EED), jax.random.fold_in(key, 0xC0DE)
+
     def dkey(*idx):
-      kk = key
+      kk = draft_root
       for i in idx:
         kk = jax.random.fold_in(kk, i)
       return on_d(kk)
@@ -306,7 +309,7 @@ class SSDDecoder:
       t_dispatch = time.perf_counter()
       t_idle += t_dispatch - t_verified
       acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~book.done),
-                               on_t(jax.random.fold_in(key, 2 * rnd + 1)), temp, top_p, **st_t)
+                               on_t(jax.random.fold_in(verify_root, rnd)), temp, top_p, **st_t)
       tree_fan = f if served_kind == "hit" else self.fan_out_miss
       cand, branch_j, tree_t, tree_q, glue_g, dcache = run(
           draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens), dkey(rnd, 1), temp, top_p, sag_c, **st_d,
