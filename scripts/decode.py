@@ -15,10 +15,15 @@ import json
 import os
 import sys
 
-# SSD puts the draft on its own device. On a machine with only a CPU, split it into two JAX devices (this must
-# happen before JAX is imported; it does nothing on GPU/TPU platforms).
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+
+
+def split_cpu(n: int) -> None:
+  """On a machine with only a CPU, splits it into n JAX devices (target mesh + the draft's own device).
+
+  Must run before JAX is imported; does nothing on GPU/TPU platforms or when the user set the flag.
+  """
+  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
 
 from ssd_jax.cli_util import fail, run_main
 
@@ -55,6 +60,8 @@ def parse_args(argv=None):
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
   p.add_argument("--attention", default="ref", choices=["ref"], help="attention implementation")
+  p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
+  p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   return p.parse_args(argv)
 
 
@@ -85,6 +92,9 @@ def read_prompts(args) -> list[str]:
 
 def main(argv=None):
   args = parse_args(argv)
+  if args.target_devices < 1 or args.draft_devices not in (0, 1):
+    fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
+  split_cpu(max(2, args.target_devices + args.draft_devices))
   from ssd_jax import api
 
   if args.mode not in api.MODES:
@@ -108,7 +118,8 @@ def main(argv=None):
   if args.stream and len(prompts) != 1:
     fail("--stream needs exactly one prompt")
 
-  pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention)
+  pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention,
+                  target_devices=args.target_devices, draft_devices=args.draft_devices)
   if args.mode in ("sd", "ssd") and pipe.draft is None:
     fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   if args.fan_out_strategy == "geometric":

@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .decode import ARDecoder, DecodeOptions
 from .decode.sd import SDDecoder
 from .decode.ssd import SSDDecoder
+from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
 
 MODES = ("ar", "sd", "ssd")
@@ -44,11 +45,13 @@ class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
-               attn_impl: str = "ref"):
+               attn_impl: str = "ref", placement: Placement | None = None):
     if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
       raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                        f"({target.cfg.vocab_size}); a draft must share the target's tokenizer")
     self.target, self.draft, self.tokenizer, self.attn_impl = target, draft, tokenizer, attn_impl
+    # Default: the target on the first device and the draft (SSD) on the next one, when the platform has two.
+    self.placement = placement or make_placement(1, 1)
     self._decoders = {}
 
   def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
@@ -65,15 +68,17 @@ class Pipeline:
     if key in self._decoders:  # decoders keep their compiled programs
       return self._decoders[key]
     if mode == "ar":
-      dec = ARDecoder(self.target.cfg, self.target.params, self.attn_impl)
+      dec = ARDecoder(self.target.cfg, self.target.params, self.attn_impl, placement=self.placement)
     elif mode in ("sd", "ssd"):
       if self.draft is None:
         raise ValueError(f"mode {mode!r} needs a draft model; none is loaded (pass draft=... to load())")
       if mode == "sd":
-        dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl)
+        dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl,
+                        placement=self.placement)
       else:
         dec = SSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
-                         self.attn_impl, fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c)
+                         self.attn_impl, placement=self.placement, fan_out_miss=fan_out_miss, backup=backup,
+                         saguaro_c=saguaro_c)
     else:
       dec = None
     if dec is not None:
@@ -139,11 +144,15 @@ class Pipeline:
             for p, r in zip(prompts, res)]
 
 
-def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "ref") -> Pipeline:
+def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "ref",
+         target_devices: int = 1, draft_devices: int = 1) -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
+  target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
+  the next device (SSD), 0 on the target's first device. Errors say what to do when there are too few devices.
   """
+  placement = make_placement(target_devices, draft_devices)
   tcfg, tparams, tok = checkpoints.load_model(target)
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
@@ -155,4 +164,4 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
       d = LoadedModel(dcfg, dparams, os.path.abspath(path))
     elif draft != "default":
       raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
-  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl)
+  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement)

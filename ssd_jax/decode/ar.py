@@ -13,6 +13,7 @@ from .. import model, sampling
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from ..metrics import RequestStats
+from ..sharding import Placement, make_placement
 from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
 
 
@@ -45,8 +46,10 @@ class ARDecoder:
 
   mode = "ar"
 
-  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "ref"):
-    self.cfg, self.params, self.attn_impl = cfg, params, attn_impl
+  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "ref", placement: Placement | None = None):
+    self.placement = placement or make_placement(1, 0)
+    self.cfg, self.attn_impl = cfg, attn_impl
+    self.params = self.placement.shard_target(params, cfg)
     self.programs = Programs()
 
   def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
@@ -56,17 +59,18 @@ class ARDecoder:
     tokens, lengths = pad_prompts(prompts)
     b = len(prompts)
     slots = cache_slots(cfg, int(lengths.max()), opts.max_new_tokens)
-    cache = KVCache.init(cfg, b, slots, params["embed"].dtype)
-    key = jax.random.key(opts.seed)
-    temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    cache = self.placement.target_cache(cfg, b, slots, params["embed"].dtype)
+    rep = functools.partial(jax.device_put, device=self.placement.replicated())  # small inputs: every device
+    key = rep(jax.random.key(opts.seed))
+    temp, top_p = rep(jnp.float32(opts.temperature)), rep(jnp.float32(opts.top_p))
     run = self.programs
     st = dict(cfg=cfg, attn_impl=self.attn_impl)
-    tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
-    zeros = jnp.zeros((b,), jnp.int32)
+    tokens, lengths = rep(jnp.asarray(tokens)), rep(jnp.asarray(lengths))
+    zeros = rep(jnp.zeros((b,), jnp.int32))
     # Compile everything the loop needs before the clock starts.
     for fn, args, kw in ((prefill, (params, tokens, lengths, cache), st),
-                         (first_tokens, (params, jnp.zeros((b, cfg.out_vocab)), key, temp, top_p), dict(cfg=cfg)),
-                         (ar_step, (params, cache, zeros, zeros > 0, key, jnp.int32(0), temp, top_p), st)):
+                         (first_tokens, (params, rep(jnp.zeros((b, cfg.out_vocab))), key, temp, top_p), dict(cfg=cfg)),
+                         (ar_step, (params, cache, zeros, rep(zeros > 0), key, rep(jnp.int32(0)), temp, top_p), st)):
       run.compile_only(fn, *args, **kw)
     eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
 
@@ -84,7 +88,8 @@ class ARDecoder:
       stream(0, out[0][:])
     step = 1
     while not done.all():
-      cur, cache = run(ar_step, params, cache, cur, jnp.asarray(done), key, jnp.int32(step), temp, top_p, **st)
+      cur, cache = run(ar_step, params, cache, cur, rep(jnp.asarray(done)), key, rep(jnp.int32(step)), temp, top_p,
+                       **st)
       cur_np = np.asarray(cur)
       now = time.perf_counter()
       for i in np.flatnonzero(~done):

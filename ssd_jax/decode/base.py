@@ -85,6 +85,18 @@ def batched(seq: Sequence, n: int):
 StreamFn = Callable[[int, list[int]], None]  # (row, new token ids) for the first request of a batch
 
 
+def _placement_key(x):
+  """Returns a canonical description of where an array lives (equivalent shardings give equal keys)."""
+  sh = getattr(x, "sharding", None)
+  if sh is None:
+    return None
+  try:
+    hlo = str(sh._to_xla_hlo_sharding(np.ndim(x)))  # canonical: P() and P(None, None) are both "{replicated}"
+  except Exception:  # an API change: fall back to the repr (at worst a spurious recompile)
+    hlo = str(sh)
+  return (tuple(sorted(d.id for d in sh.device_set)), hlo)
+
+
 class Programs:
   """Ahead-of-time compiled programs, keyed by the shapes and static arguments of each call.
 
@@ -105,7 +117,7 @@ class Programs:
     leaves = jax.tree.leaves(args)
     # Placement is part of the key: the same function compiled for the target's and the draft's device differs.
     key = (fn, jax.tree.structure(args),
-           tuple((np.shape(x), str(jnp.result_type(x)), str(getattr(x, "sharding", None))) for x in leaves),
+           tuple((np.shape(x), str(jnp.result_type(x)), _placement_key(x)) for x in leaves),
            tuple(sorted(static.items())))
     exe = self._compiled.get(key)
     if exe is None:

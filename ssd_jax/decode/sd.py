@@ -23,6 +23,7 @@ from .. import model, sampling
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from .ar import first_tokens
+from ..sharding import Placement, make_placement
 from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 
 
@@ -96,9 +97,13 @@ class SDDecoder:
   mode = "sd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
-               attn_impl: str = "ref"):
+               attn_impl: str = "ref", placement: Placement | None = None):
     check_pair(target_cfg, draft_cfg, k)
-    self.tcfg, self.tparams, self.dcfg, self.dparams, self.k = target_cfg, target_params, draft_cfg, draft_params, k
+    self.placement = placement or make_placement(1, 0)
+    self.tcfg, self.dcfg, self.k = target_cfg, draft_cfg, k
+    self.tparams = self.placement.shard_target(target_params, target_cfg)
+    # Colocated, as the paper's SD baseline: the draft is replicated on the target's devices.
+    self.dparams = jax.device_put(draft_params, self.placement.replicated())
     self.attn_impl = attn_impl
     self.programs = Programs()
 
@@ -115,23 +120,24 @@ class SDDecoder:
                        f"of the {tcfg.max_seq_len}-token context; lower K or max_new_tokens")
     # K+1 lookahead slots: a round may write K+1 entries past the committed text before rolling back.
     slots = cache_slots(tcfg, max_prompt, opts.max_new_tokens, lookahead=k + 2)
-    tcache = KVCache.init(tcfg, b, slots, self.tparams["embed"].dtype)
-    dcache = KVCache.init(dcfg, b, slots, self.dparams["embed"].dtype)
-    key = jax.random.key(opts.seed)
-    temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
-    one = jnp.float32(1.0)  # Saguaro C: plain sampling in SD
+    rep = functools.partial(jax.device_put, device=self.placement.replicated())  # small inputs: every device
+    tcache = self.placement.target_cache(tcfg, b, slots, self.tparams["embed"].dtype)
+    dcache = rep(KVCache.init(dcfg, b, slots, self.dparams["embed"].dtype))
+    key = rep(jax.random.key(opts.seed))
+    temp, top_p = rep(jnp.float32(opts.temperature)), rep(jnp.float32(opts.top_p))
+    one = rep(jnp.float32(1.0))  # Saguaro C: plain sampling in SD
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
     st_d = dict(cfg=dcfg, attn_impl=self.attn_impl)
-    tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
-    zeros = jnp.zeros((b,), jnp.int32)
+    tokens_j, lengths_j = rep(tokens), rep(lengths)
+    zeros = rep(jnp.zeros((b,), jnp.int32))
     for fn, args, kw in ((prefill, (self.tparams, tokens_j, lengths_j, tcache), st_t),
                          (prefill, (self.dparams, tokens_j, lengths_j, dcache), st_d),
-                         (first_tokens, (self.tparams, jnp.zeros((b, tcfg.out_vocab)), key, temp, top_p),
+                         (first_tokens, (self.tparams, rep(jnp.zeros((b, tcfg.out_vocab))), key, temp, top_p),
                           dict(cfg=tcfg)),
-                         (draft_propose, (self.dparams, dcache, jnp.zeros((b, 2), jnp.int32), zeros, key, temp, top_p,
-                                          one), dict(st_d, k=k)),
-                         (verify, (self.tparams, tcache, zeros, jnp.zeros((b, k), jnp.int32),
-                                   jnp.zeros((b, k, tcfg.vocab_size)), zeros > 0, key, temp, top_p), st_t)):
+                         (draft_propose, (self.dparams, dcache, rep(jnp.zeros((b, 2), jnp.int32)), zeros, key,
+                                          temp, top_p, one), dict(st_d, k=k)),
+                         (verify, (self.tparams, tcache, zeros, rep(jnp.zeros((b, k), jnp.int32)),
+                                   rep(jnp.zeros((b, k, tcfg.vocab_size))), rep(zeros > 0), key, temp, top_p), st_t)):
       run.compile_only(fn, *args, **kw)
 
     t0 = time.perf_counter()
@@ -148,15 +154,15 @@ class SDDecoder:
     while not book.done.all():
       rnd += 1
       # Draft proposals and verifier uniforms come from separate streams (and never from the prefill's key).
-      kd, kv = jax.random.split(jax.random.fold_in(stream_root, rnd))
+      kd, kv = (rep(x) for x in jax.random.split(jax.random.fold_in(stream_root, rnd)))
       last2, lens = book.state()
       ta = time.perf_counter()
-      drafts, q, dcache = run(draft_propose, self.dparams, dcache, jnp.asarray(last2), jnp.asarray(lens), kd, temp,
+      drafts, q, dcache = run(draft_propose, self.dparams, dcache, rep(last2), rep(lens), kd, temp,
                               top_p, one, **st_d, k=k)
       drafts.block_until_ready()
       tb = time.perf_counter()
-      acc, bonus, tcache = run(verify, self.tparams, tcache, jnp.asarray(last2[:, 1]), drafts, q,
-                               jnp.asarray(~book.done), kv, temp, top_p, **st_t)
+      acc, bonus, tcache = run(verify, self.tparams, tcache, rep(last2[:, 1]), drafts, q,
+                               rep(~book.done), kv, temp, top_p, **st_t)
       acc, bonus, drafts_np = np.asarray(acc), np.asarray(bonus), np.asarray(drafts)
       tc = time.perf_counter()
       t_draft += tb - ta

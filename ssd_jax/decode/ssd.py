@@ -33,6 +33,7 @@ from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cac
 from ..backup import BACKUPS, ngram_propose, point_mass, random_speculation
 from ..fan_out import parse_fan_out, uniform_fan_out
 from ..timing_model import neural_backup_better
+from ..sharding import Placement, make_placement
 from .sd import check_pair, draft_propose, verify
 
 
@@ -139,19 +140,14 @@ def merge_rows(hit, a_tokens, a_q, b_tokens, b_q):
   return jnp.where(hit[:, None], a_tokens, b_tokens), jnp.where(hit[:, None, None], a_q, b_q)
 
 
-def default_devices():
-  """Returns (target device, draft device): two different devices when the platform has them."""
-  devs = jax.devices()
-  return devs[0], devs[1 if len(devs) > 1 else 0]
-
-
 class SSDDecoder:
   """SSD with the draft on its own device, uniform fan-out F and the neural (just-in-time draft) backup."""
 
   mode = "ssd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
-               fan_out=3, attn_impl: str = "ref", devices=None, fan_out_miss=None, backup: str = "neural",
+               fan_out=3, attn_impl: str = "ref", placement: Placement | None = None, fan_out_miss=None,
+               backup: str = "neural",
                saguaro_c: float = 1.0, record_ranks: bool = False):
     check_pair(target_cfg, draft_cfg, k)
     self.fan_out = self._fan_out_tuple(fan_out, k, draft_cfg)
@@ -170,9 +166,12 @@ class SSDDecoder:
     self.record_ranks = record_ranks  # calibration: keep (accept_len, bonus rank) of every round
     # Rescaled set = the cached candidates plus the drafted token (which the fork excludes).
     self.saguaro_top = 0 if saguaro_c == 1 else max(max(self.fan_out), max(self.fan_out_miss)) + 1
-    self.tdev, self.ddev = devices or default_devices()
+    # Default: the target on the first device, the draft on the next one (when the platform has two).
+    self.placement = placement or make_placement(1, 1)
+    self.ddev = self.placement.draft_device
+    self.tdevs = sorted(d.id for d in self.placement.target_mesh.devices.flat)
     self.tcfg, self.dcfg, self.k, self.attn_impl = target_cfg, draft_cfg, k, attn_impl
-    self.tparams = jax.device_put(target_params, self.tdev)
+    self.tparams = self.placement.shard_target(target_params, target_cfg)
     self.dparams = jax.device_put(draft_params, self.ddev)
     self.programs = Programs()
 
@@ -203,12 +202,13 @@ class SSDDecoder:
                        f"({opts.max_new_tokens}) leave too little of the {tcfg.max_seq_len}-token context")
     tslots = cache_slots(tcfg, max_prompt, opts.max_new_tokens, lookahead=k + 2)
     dslots = cache_slots(dcfg, max_prompt, opts.max_new_tokens, lookahead=look)
-    tcache = jax.device_put(KVCache.init(tcfg, b, tslots), self.tdev)
+    tcache = self.placement.target_cache(tcfg, b, tslots, jnp.float32)
     dcache = jax.device_put(KVCache.init(dcfg, b, dslots), self.ddev)
-    on_t = lambda x: jax.device_put(x, self.tdev)
+    on_t = lambda x: jax.device_put(x, self.placement.replicated())  # small target inputs: every target device
     on_d = lambda x: jax.device_put(x, self.ddev)
     key = jax.random.key(opts.seed)
-    temp, top_p = jnp.float32(opts.temperature), jnp.float32(opts.top_p)
+    temp_t, top_p_t = on_t(jnp.float32(opts.temperature)), on_t(jnp.float32(opts.top_p))
+    temp, top_p = on_d(jnp.float32(opts.temperature)), on_d(jnp.float32(opts.top_p))  # the draft's copies
     sag_c = on_d(jnp.float32(self.saguaro_c))
     st_sag = dict(saguaro_top=self.saguaro_top)
     st_t = dict(cfg=tcfg, attn_impl=self.attn_impl)
@@ -230,7 +230,8 @@ class SSDDecoder:
     for fn, args, kw in (
         (prefill, (self.tparams, tok_t, len_t, tcache), st_t),
         (prefill, (self.dparams, tok_d, len_d, dcache), st_d),
-        (first_tokens, (self.tparams, on_t(jnp.zeros((b, tcfg.out_vocab))), on_t(key), temp, top_p), dict(cfg=tcfg)),
+        (first_tokens, (self.tparams, on_t(jnp.zeros((b, tcfg.out_vocab))), on_t(key), temp_t, top_p_t),
+         dict(cfg=tcfg)),
         (draft_propose, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), z_d, dkey(0), temp, top_p,
                          sag_c), dict(st_d, k=k, **st_sag)),
         (random_speculation, (dkey(0),), dict(batch=b, k=k, vocab=dcfg.vocab_size)),
@@ -240,7 +241,7 @@ class SSDDecoder:
         (draft_tree, (self.dparams, dcache, on_d(jnp.zeros((b, 2), jnp.int32)), on_d(jnp.zeros((b, k), jnp.int32)),
                       z_d, dkey(0), temp, top_p, sag_c), dict(st_d, k=k, fan_out=self.fan_out_miss, **st_sag)),
         (verify, (self.tparams, tcache, z_t, on_t(jnp.zeros((b, k), jnp.int32)),
-                  on_t(jnp.zeros((b, k, tcfg.vocab_size))), z_t > 0, on_t(key), temp, top_p), st_t),
+                  on_t(jnp.zeros((b, k, tcfg.vocab_size))), on_t(z_t > 0), on_t(key), temp_t, top_p_t), st_t),
         (lookup, (on_d(jnp.zeros((b, n), jnp.int32)), on_d(jnp.zeros((n,), jnp.int32)),
                   on_d(jnp.zeros((b, n, k), jnp.int32)), on_d(jnp.zeros((b, n, k, dcfg.vocab_size))), z_d, z_d), {}),
         (merge_rows, (z_d > 0, on_d(jnp.zeros((b, k), jnp.int32)), on_d(jnp.zeros((b, k, dcfg.vocab_size))),
@@ -250,7 +251,7 @@ class SSDDecoder:
     t0 = time.perf_counter()
     logits, tcache = run(prefill, self.tparams, tok_t, len_t, tcache, **st_t)
     _, dcache = run(prefill, self.dparams, tok_d, len_d, dcache, **st_d)
-    cur = np.asarray(run(first_tokens, self.tparams, logits, on_t(key), temp, top_p, cfg=tcfg))
+    cur = np.asarray(run(first_tokens, self.tparams, logits, on_t(key), temp_t, top_p_t, cfg=tcfg))
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, cur, opts, k, time.perf_counter())
     hits = np.zeros(b, np.int64)
@@ -309,7 +310,7 @@ class SSDDecoder:
       t_dispatch = time.perf_counter()
       t_idle += t_dispatch - t_verified
       acc, bonus, tcache = run(verify, self.tparams, tcache, on_t(last2[:, 1]), spec_t, q_t, on_t(~book.done),
-                               on_t(jax.random.fold_in(verify_root, rnd)), temp, top_p, **st_t)
+                               on_t(jax.random.fold_in(verify_root, rnd)), temp_t, top_p_t, **st_t)
       tree_fan = f if served_kind == "hit" else self.fan_out_miss
       cand, branch_j, tree_t, tree_q, glue_g, dcache = run(
           draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens), dkey(rnd, 1), temp, top_p, sag_c, **st_d,
@@ -356,6 +357,6 @@ class SSDDecoder:
               "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
                                          for h, r in zip(hits_by_len[i], rounds_by_len[i])],
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),
-              "compile_seconds": round(run.compile_seconds, 3), "devices": [str(self.tdev), str(self.ddev)]}
+              "compile_seconds": round(run.compile_seconds, 3), "devices": {"target": self.tdevs, "draft": self.ddev.id}}
 
     return book.results(self.mode, t_prefill, t0 + t_prefill, extra_of)

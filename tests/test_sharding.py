@@ -1,0 +1,72 @@
+"""Tensor-parallel target mesh and the draft on its own device: same tokens, intended shardings."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from ssd_jax import model
+from ssd_jax.config import tiny_config
+from ssd_jax.decode import ARDecoder, DecodeOptions
+from ssd_jax.decode.sd import SDDecoder
+from ssd_jax.decode.ssd import SSDDecoder
+from ssd_jax.sharding import make_placement, param_specs
+
+from test_sd import PROMPTS, _perturbed
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 5, reason="needs 5 devices (XLA_FLAGS in conftest)")
+
+
+@pytest.fixture(scope="module")
+def pair():
+  # 4 query / 4 KV heads and FFN 48: everything divides a mesh of 4, so every rule is exercised.
+  cfg = tiny_config(vocab_size=64, n_heads=4, n_kv_heads=4)
+  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
+  return cfg, tp, _perturbed(tp, 0.06, 1)
+
+
+def _spec(x):
+  return x.sharding.spec
+
+
+def test_params_and_cache_carry_the_intended_shardings(pair):
+  cfg, tp, _ = pair
+  pl = make_placement(4, 1)
+  sp = pl.shard_target(tp, cfg)
+  lp = sp["layers"][0]
+  assert _spec(lp["wq"]) == P(None, "tp") and _spec(lp["wo"]) == P("tp", None)
+  assert _spec(lp["wk"]) == P(None, "tp") and _spec(lp["w_down"]) == P("tp", None)
+  assert _spec(sp["embed"]) == P("tp", None)
+  assert {d.id for d in lp["wq"].sharding.device_set} == {0, 1, 2, 3}
+  cache = pl.target_cache(cfg, 2, 64, np.float32)
+  assert _spec(cache.k[0]) == P(None, None, "tp", None)
+  assert pl.draft_device.id == 4
+
+
+def test_indivisible_heads_are_replicated():
+  cfg = tiny_config(vocab_size=64, n_heads=9, n_kv_heads=3, head_dim=8, d_model=72)  # SmolLM2-like head counts
+  specs = param_specs(cfg, 4)
+  assert specs["layers"][0]["wq"] == P(None, None) and specs["layers"][0]["wk"] == P(None, None)
+  assert specs["layers"][0]["w_gate"] == P(None, "tp")  # FFN 48 splits
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_sharded_decoding_equals_single_device(pair, mode):
+  cfg, tp, dp = pair
+  opts = DecodeOptions(max_new_tokens=15, ignore_eos=True)
+  want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
+  pl = make_placement(4, 1)
+  if mode == "ar":
+    dec = ARDecoder(cfg, tp, placement=pl)
+  elif mode == "sd":
+    dec = SDDecoder(cfg, tp, cfg, dp, k=3, placement=pl)
+  else:
+    dec = SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=pl)
+  res = dec.generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == want
+  if mode == "ssd":
+    assert res[0].stats.extra["devices"] == {"target": [0, 1, 2, 3], "draft": 4}
+
+
+def test_too_few_devices_is_a_clear_error():
+  with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+    make_placement(64, 1)
