@@ -15,13 +15,24 @@ N = 60_000
 ALPHA = 1e-4
 
 
-def _chi2_pvalue(counts, probs):
+def _chi2_pvalue(counts, probs, min_expected: float = 5.0):
+  """Returns the chi-square goodness-of-fit p-value of counts against probs.
+
+  Cells whose expected count is below `min_expected` are pooled into one cell (the usual validity condition: a
+  single draw in a cell with expectation 1e-3 would otherwise dominate the statistic). Emitting a token of target
+  probability exactly zero fails outright.
+  """
   from math import erf, sqrt
-  exp = probs * counts.sum()
-  keep = exp > 0
-  assert counts[~keep].sum() == 0, "token with zero target probability was emitted"
-  stat = float((((counts - exp) ** 2)[keep] / exp[keep]).sum())
-  dof = int(keep.sum()) - 1
+  counts = np.asarray(counts, np.float64)
+  exp = np.asarray(probs, np.float64) * counts.sum()
+  assert counts[exp <= 0].sum() == 0, "token with zero target probability was emitted"
+  big = exp >= min_expected
+  obs_cells = list(counts[big]) + ([counts[~big & (exp > 0)].sum()] if (~big & (exp > 0)).any() else [])
+  exp_cells = list(exp[big]) + ([exp[~big & (exp > 0)].sum()] if (~big & (exp > 0)).any() else [])
+  obs_cells, exp_cells = np.asarray(obs_cells), np.asarray(exp_cells)
+  stat = float(((obs_cells - exp_cells) ** 2 / exp_cells).sum())
+  dof = len(exp_cells) - 1
+  assert dof >= 1, "too few cells for a chi-square test"
   # Wilson-Hilferty approximation of the chi-square tail (no scipy dependency).
   z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / sqrt(2 / (9 * dof))
   return 0.5 * (1 - erf(z / sqrt(2)))
