@@ -27,8 +27,10 @@ def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p,
   """
   logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl)
   keys = sampling.row_keys(key, step, tokens.shape[0])
-  probs = sampling.processed_probs(logits[:, 0], temperature, top_p)
-  nxt = jax.vmap(sampling.sample)(keys, probs)
+  # Greedy skips the softmax and the Gumbel draw over the vocabulary (a few ms per token on CPU).
+  nxt = jax.lax.cond(temperature > 0,
+                     lambda lg: jax.vmap(sampling.sample)(keys, sampling.processed_probs(lg, temperature, top_p)),
+                     lambda lg: jnp.argmax(lg, -1).astype(jnp.int32), logits[:, 0])
   nxt = model.to_token_ids(params, nxt, cfg)
   return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
 
