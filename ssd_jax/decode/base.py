@@ -106,18 +106,31 @@ class Programs:
 
   def __init__(self):
     self._compiled = {}
+    self._shardings = {}  # (id(sharding), ndim) -> (sharding, canonical key)
     self.compile_seconds = 0.0
     self.compiles = 0
 
   def __call__(self, fn, *args, **static):
     return self.compile_only(fn, *args, **static)(*args)
 
+  def _sharding_key(self, x):
+    sh = x.sharding
+    k = (id(sh), x.ndim)
+    hit = self._shardings.get(k)
+    if hit is None or hit[0] is not sh:
+      hit = (sh, _placement_key(x))
+      self._shardings[k] = hit
+    return hit[1]
+
   def compile_only(self, fn, *args, **static):
     """Returns the compiled program for these argument shapes, compiling it on first use."""
     leaves = jax.tree.leaves(args)
     # Placement is part of the key: the same function compiled for the target's and the draft's device differs.
+    # This runs every decode step over all parameter leaves, so it must be cheap: shardings are canonicalised once
+    # per sharding object (kept alive here, so their ids stay valid).
     key = (fn, jax.tree.structure(args),
-           tuple((np.shape(x), str(jnp.result_type(x)), _placement_key(x)) for x in leaves),
+           tuple((x.shape, x.dtype, self._sharding_key(x)) if isinstance(x, jax.Array)
+                 else (np.shape(x), str(jnp.result_type(x)), None) for x in leaves),
            tuple(sorted(static.items())))
     exe = self._compiled.get(key)
     if exe is None:
