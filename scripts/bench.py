@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
 import time
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # SSD: draft on device 1
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+from ssd_jax.cli_util import fail, run_main, split_cpu
 
-from ssd_jax.cli_util import fail, run_main
+split_cpu(2)  # SSD puts the draft on its own device
+
 
 
 def parse_args(argv=None):

@@ -15,10 +15,10 @@ import json
 import os
 import sys
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+from ssd_jax.cli_util import fail, run_main, split_cpu
 
-from ssd_jax.cli_util import fail, run_main  # noqa: E402
+split_cpu(2)  # SSD puts the draft on its own device
+
 
 CALIBRATION_FILE = "fan_out_calibration.json"
 

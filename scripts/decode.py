@@ -16,16 +16,7 @@ import os
 import sys
 
 
-
-def split_cpu(n: int) -> None:
-  """On a machine with only a CPU, splits it into n JAX devices (target mesh + the draft's own device).
-
-  Must run before JAX is imported; does nothing on GPU/TPU platforms or when the user set the flag.
-  """
-  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
-
-from ssd_jax.cli_util import fail, run_main
+from ssd_jax.cli_util import fail, run_main, split_cpu
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
 

@@ -1,7 +1,18 @@
 """Shared plumbing of the command-line scripts: one clear line and a non-zero exit on bad input."""
 from __future__ import annotations
 
+import os
 import sys
+
+
+def split_cpu(n: int) -> None:
+  """On a machine with only a CPU, splits it into n JAX devices (target mesh + the draft's own device).
+
+  Must run before JAX is imported (this module imports no JAX); does nothing on GPU/TPU platforms or when the user
+  already set the flag.
+  """
+  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
 
 
 class UsageError(Exception):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -200,7 +199,3 @@ def write_json(path: str, obj) -> None:
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
-
-
-def now() -> float:
-  return time.perf_counter()

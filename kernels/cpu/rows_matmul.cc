@@ -130,24 +130,7 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
   for (int p = 0; p < kParts; ++p) {
     const int64_t k0 = K * p / kParts, k1 = K * (p + 1) / kParts;
     float* dst = p == 0 ? Y : part.data();
-    switch (M) {
-      case 1: AxpyRows<1>(X, W, dst, K, N, k0, k1); break;
-      case 2: AxpyRows<2>(X, W, dst, K, N, k0, k1); break;
-      case 3: AxpyRows<3>(X, W, dst, K, N, k0, k1); break;
-      case 4: AxpyRows<4>(X, W, dst, K, N, k0, k1); break;
-      case 5: AxpyRows<5>(X, W, dst, K, N, k0, k1); break;
-      case 6: AxpyRows<6>(X, W, dst, K, N, k0, k1); break;
-      case 7: AxpyRows<7>(X, W, dst, K, N, k0, k1); break;
-      case 8: AxpyRows<8>(X, W, dst, K, N, k0, k1); break;
-      case 9: AxpyRows<9>(X, W, dst, K, N, k0, k1); break;
-      case 10: AxpyRows<10>(X, W, dst, K, N, k0, k1); break;
-      case 11: AxpyRows<11>(X, W, dst, K, N, k0, k1); break;
-      case 12: AxpyRows<12>(X, W, dst, K, N, k0, k1); break;
-      case 13: AxpyRows<13>(X, W, dst, K, N, k0, k1); break;
-      case 14: AxpyRows<14>(X, W, dst, K, N, k0, k1); break;
-      case 15: AxpyRows<15>(X, W, dst, K, N, k0, k1); break;
-      default: AxpyRows<16>(X, W, dst, K, N, k0, k1); break;
-    }
+    SSD_ROWS_CASES(AxpyRows, X, W, dst, K, N, k0, k1)
   }
   for (int64_t i = 0; i < M * N; ++i) Y[i] += part[i];
   return ffi::Error::Success();

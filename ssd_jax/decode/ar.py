@@ -74,7 +74,7 @@ class ARDecoder:
                          (first_tokens, (params, rep(jnp.zeros((b, cfg.out_vocab))), key, temp, top_p), dict(cfg=cfg)),
                          (ar_step, (params, cache, zeros, rep(zeros > 0), key, rep(jnp.int32(0)), temp, top_p), st)):
       run.compile_only(fn, *args, **kw)
-    eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
+    eos = opts.stop_id
 
     t0 = time.perf_counter()
     logits, cache = run(prefill, params, tokens, lengths, cache, **st)

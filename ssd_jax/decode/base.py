@@ -24,6 +24,11 @@ class DecodeOptions:
   ignore_eos: bool = False      # produce exactly max_new_tokens
   eos_id: int | None = None
 
+  @property
+  def stop_id(self) -> int:
+    """The token id that ends a row (-1: none, when ignoring EOS)."""
+    return self.eos_id if (self.eos_id is not None and not self.ignore_eos) else -1
+
   def validate(self):
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
@@ -149,7 +154,7 @@ class SpecBook:
   def __init__(self, prompts, first, opts: DecodeOptions, k: int, now: float):
     b = len(prompts)
     self.opts, self.k = opts, k
-    self.eos = opts.eos_id if (opts.eos_id is not None and not opts.ignore_eos) else -1
+    self.eos = opts.stop_id
     self.out = [[int(first[i])] for i in range(b)]
     self.seqs = [list(p) + [int(first[i])] for i, p in enumerate(prompts)]
     self.done = np.array([first[i] == self.eos or opts.max_new_tokens <= 1 for i in range(b)])

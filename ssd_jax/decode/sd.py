@@ -21,9 +21,10 @@ import numpy as np
 
 from .. import model, sampling
 from ..config import ModelConfig
+from ..kernels import causal_mask_info
 from ..kv_cache import KVCache
-from .ar import first_tokens
 from ..sharding import Placement, make_placement
+from .ar import first_tokens
 from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 
 
@@ -46,7 +47,6 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
   b = last2.shape[0]
   slots = lengths[:, None] - 2 + jnp.arange(2)[None, :]
   slots = jnp.maximum(slots, 0)
-  from ..kernels import causal_mask_info
   logits, cache = model.forward(params, last2, slots, cache, slots, causal_mask_info(slots), cfg,
                                 logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl)
   keys = jax.random.split(key, k)
