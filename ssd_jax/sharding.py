@@ -1,15 +1,25 @@
 """Placement: the target over a tensor-parallel mesh, the draft on its own device. All sharding rules live here.
 
-Logical axes -> mesh axis "tp": attention heads (q/o by query heads, k/v by KV heads), MLP columns, the vocabulary
-of the embedding / LM head, and the KV cache by KV heads. An axis is sharded only where its size divides the mesh
-(SmolLM2's 9 query and 3 KV heads over 4 devices are replicated; its MLP and vocabulary are split). XLA's SPMD
+Every parameter and cache array carries logical axis names (`param_axes`, `CACHE_AXES`); `ShardingRules` maps them to
+mesh axes: tensor parallel over attention heads (q/o by query heads, k/v by KV heads), MLP columns, the vocabulary of
+the embedding / LM head, and the KV cache by KV heads. An axis is sharded only where its logical size divides the
+mesh (SmolLM2's 9 query and 3 KV heads over 4 devices are replicated; its MLP and vocabulary are split). XLA's SPMD
 partitioner inserts the collectives; the model code is the same on one device or many.
+
+With several processes (`jax.distributed`, see distributed.py) the target mesh is cut from the global device set,
+the same number of devices from every process, and the draft runs on a device of each process outside that mesh:
+every process runs the same draft computation on its own copy, so the host loop (identical in every process) reads
+the draft's results without a transfer. Host data is identical in every process, so arrays on the global mesh are
+built from it shard by shard (`Placement.put`), and replicated results are read from the local shard
+(`Placement.fetch`).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -18,72 +28,177 @@ from .kv_cache import KVCache
 
 TP = "tp"
 
+# Logical axes. Weight matrices flatten heads x head_dim into one axis, so head axes split whole heads only.
+EMBED = "embed"          # d_model
+VOCAB = "vocab"          # rows of the embedding (the draft's head vocabulary when it has one)
+OUT_VOCAB = "out_vocab"  # columns of an untied LM head
+Q_HEADS = "q_heads"      # query heads (x head_dim in weights)
+KV_HEADS = "kv_heads"    # key/value heads (x head_dim in weights)
+MLP = "mlp"              # FFN hidden units
+TOKEN_TABLE = "token_table"  # head_ids / vocab_map gather tables
+BATCH, SEQ, HEAD_DIM = "batch", "seq", "head_dim"
 
-def _split(n: int, tp: int):
-  return TP if tp > 1 and n % tp == 0 else None
+CACHE_AXES = (BATCH, SEQ, KV_HEADS, HEAD_DIM)  # one layer's K or V cache [B, S, G, D]
 
 
-def param_specs(cfg: ModelConfig, tp: int) -> dict:
-  """Returns PartitionSpecs with the structure of the params of `cfg` for a tensor-parallel degree `tp`."""
-  heads_q = _split(cfg.n_heads, tp)
-  heads_kv = _split(cfg.n_kv_heads, tp)
-  ffn = _split(cfg.ffn_dim, tp)
-  vocab = _split(cfg.embed_rows, tp)
-  layer = {"attn_norm": P(), "mlp_norm": P(), "wq": P(None, heads_q), "wk": P(None, heads_kv),
-           "wv": P(None, heads_kv), "wo": P(heads_q, None), "w_gate": P(None, ffn), "w_up": P(None, ffn),
-           "w_down": P(ffn, None)}
+def param_axes(cfg: ModelConfig) -> dict:
+  """Returns logical axis names (a tuple per array) with the structure of the params of `cfg`."""
+  layer = {"attn_norm": (EMBED,), "mlp_norm": (EMBED,), "wq": (EMBED, Q_HEADS), "wk": (EMBED, KV_HEADS),
+           "wv": (EMBED, KV_HEADS), "wo": (Q_HEADS, EMBED), "w_gate": (EMBED, MLP), "w_up": (EMBED, MLP),
+           "w_down": (MLP, EMBED)}
   if cfg.attn_bias:
-    layer.update(bq=P(heads_q), bk=P(heads_kv), bv=P(heads_kv))
-  specs = {"embed": P(vocab, None), "layers": [dict(layer) for _ in range(cfg.n_layers)], "final_norm": P()}
+    layer.update(bq=(Q_HEADS,), bk=(KV_HEADS,), bv=(KV_HEADS,))
+  axes = {"embed": (VOCAB, EMBED), "layers": [dict(layer) for _ in range(cfg.n_layers)], "final_norm": (EMBED,)}
   if not cfg.tie_embeddings:
-    specs["lm_head"] = P(None, _split(cfg.out_vocab, tp))
+    axes["lm_head"] = (EMBED, OUT_VOCAB)
   if cfg.head_vocab is not None:
-    specs["head_ids"] = P()
-    specs["vocab_map"] = P()
-  return specs
+    axes["head_ids"] = (TOKEN_TABLE,)
+    axes["vocab_map"] = (TOKEN_TABLE,)
+  return axes
 
 
-def cache_spec(cfg: ModelConfig, tp: int) -> P:
-  """Returns the PartitionSpec of one layer's K or V cache [B, S, G, D]."""
-  return P(None, None, _split(cfg.n_kv_heads, tp), None)
+def logical_sizes(cfg: ModelConfig) -> dict:
+  """Returns the size of each shardable logical axis: a mesh axis may split it only if it divides this size."""
+  return {Q_HEADS: cfg.n_heads, KV_HEADS: cfg.n_kv_heads, MLP: cfg.ffn_dim, VOCAB: cfg.embed_rows,
+          OUT_VOCAB: cfg.out_vocab, EMBED: cfg.d_model}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+  """Logical axis -> mesh axis (None: replicated). The default is tensor parallelism over "tp"."""
+  rules: tuple = ((Q_HEADS, TP), (KV_HEADS, TP), (MLP, TP), (VOCAB, TP), (OUT_VOCAB, TP))
+
+  def mesh_axis(self, logical: str) -> str | None:
+    return dict(self.rules).get(logical)
+
+  def spec(self, axes: tuple, sizes: dict, mesh_shape: dict) -> P:
+    """Returns the PartitionSpec of an array with logical `axes`, replicating axes the mesh does not divide."""
+    out = []
+    for a in axes:
+      m = self.mesh_axis(a)
+      n = mesh_shape.get(m, 1) if m is not None else 1
+      out.append(m if n > 1 and a in sizes and sizes[a] % n == 0 else None)
+    return P(*out)
+
+
+RULES = ShardingRules()
+
+
+def _is_axes(x) -> bool:
+  return isinstance(x, tuple) and all(isinstance(a, str) for a in x)
+
+
+def param_specs(cfg: ModelConfig, tp: int, rules: ShardingRules = RULES) -> dict:
+  """Returns PartitionSpecs with the structure of the params of `cfg` for a tensor-parallel degree `tp`."""
+  sizes = logical_sizes(cfg)
+  return jax.tree.map(lambda ax: rules.spec(ax, sizes, {TP: tp}), param_axes(cfg), is_leaf=_is_axes)
+
+
+def cache_spec(cfg: ModelConfig, tp: int, rules: ShardingRules = RULES) -> P:
+  """Returns the PartitionSpec of one layer's K or V cache [B, S, G, D]: by KV heads where they divide `tp`."""
+  return rules.spec(CACHE_AXES, logical_sizes(cfg), {TP: tp})
+
+
+def _is_key(x) -> bool:
+  return jnp.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  target_mesh: Mesh          # 1-D mesh ("tp",) over the target's devices
-  draft_device: jax.Device   # the draft's own device (equal to a target device when there is only one)
+  target_mesh: Mesh          # 1-D mesh ("tp",) over the target's devices (across processes under jax.distributed)
+  draft_device: jax.Device   # this process's draft device (equal to a target device when there is no spare one)
 
   @property
   def tp(self) -> int:
     return self.target_mesh.devices.size
 
+  @property
+  def multi_process(self) -> bool:
+    """True when the target mesh spans devices this process cannot address (jax.distributed)."""
+    return not self.replicated().is_fully_addressable
+
   def replicated(self) -> NamedSharding:
     return NamedSharding(self.target_mesh, P())
+
+  def put(self, x, sharding: NamedSharding):
+    """Returns host data or a local array `x` placed with `sharding` (which may span several processes).
+
+    Under jax.distributed every process passes the same value; each builds only its own shards, without the
+    cross-process equality check `jax.device_put` would run on every call.
+    """
+    if sharding.is_fully_addressable:
+      return jax.device_put(x, sharding)
+    if _is_key(x):  # typed PRNG keys travel as their raw data
+      return jax.random.wrap_key_data(self.put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
+    data = np.asarray(x)
+    return jax.make_array_from_callback(data.shape, sharding, lambda idx: data[idx])
+
+  def to_target(self, tree):
+    """Returns `tree` (host data or arrays, e.g. the draft's speculation) replicated on every target device."""
+    sh = self.replicated()
+    return jax.tree.map(lambda x: self.put(x, sh), tree)
+
+  def fetch(self, x) -> np.ndarray:
+    """Returns a target result as a numpy array; a replicated result is read from this process's shard."""
+    if x.is_fully_addressable:
+      return np.asarray(x)
+    if not x.sharding.is_fully_replicated:
+      raise ValueError(f"cannot read a sharded result ({x.sharding}) in one process; replicate it first")
+    return np.asarray(x.addressable_data(0))
 
   def shard_target(self, params, cfg: ModelConfig):
     """Returns the target params placed on the target mesh by the rules above."""
     specs = param_specs(cfg, self.tp)
-    return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(self.target_mesh, s)), params, specs,
+    return jax.tree.map(lambda x, s: self.put(x, NamedSharding(self.target_mesh, s)), params, specs,
                         is_leaf=lambda s: isinstance(s, P))
 
   def target_cache(self, cfg: ModelConfig, batch: int, slots: int, dtype) -> KVCache:
     """Returns an empty target KV cache, sharded by KV heads where they divide the mesh."""
-    sh = NamedSharding(self.target_mesh, cache_spec(cfg, self.tp))
-    c = KVCache.init(cfg, batch, slots, dtype)
-    return KVCache(k=[jax.device_put(a, sh) for a in c.k], v=[jax.device_put(a, sh) for a in c.v],
-                   lengths=jax.device_put(c.lengths, self.replicated()))
+    return _empty_cache(cfg, batch, slots, np.dtype(dtype), NamedSharding(self.target_mesh, cache_spec(cfg, self.tp)),
+                        self.replicated())()
+
+
+@functools.lru_cache(maxsize=32)
+def _empty_cache(cfg: ModelConfig, batch: int, slots: int, dtype, sh: NamedSharding, rep: NamedSharding):
+  """Returns a jitted program creating an empty KV cache in place with these shardings (no host copy; works across
+  processes)."""
+  layers = [sh] * cfg.n_layers
+  return jax.jit(lambda: KVCache.init(cfg, batch, slots, dtype),
+                 out_shardings=KVCache(k=layers, v=layers, lengths=rep))
+
+
+def _split_by_process(devices, target_devices: int, draft_devices: int):
+  """Returns (target devices, this process's draft device): the same number of target devices from every process."""
+  nproc = jax.process_count()
+  if target_devices % nproc:
+    raise ValueError(f"--target-devices {target_devices} must be a multiple of the number of processes ({nproc}): "
+                     f"every process contributes the same number of devices to the target mesh")
+  per = target_devices // nproc
+  by_proc = [sorted((d for d in devices if d.process_index == p), key=lambda d: d.id) for p in range(nproc)]
+  short = [p for p, ds in enumerate(by_proc) if len(ds) < per]
+  if short:
+    raise ValueError(f"{target_devices} target devices over {nproc} processes need {per} devices in each, but "
+                     f"process {short[0]} has {len(by_proc[short[0]])}")
+  local = by_proc[jax.process_index()]
+  draft = local[per] if (draft_devices and len(local) > per) else local[0]
+  return [d for ds in by_proc for d in ds[:per]], draft
 
 
 def make_placement(target_devices: int = 1, draft_devices: int = 1, devices=None) -> Placement:
   """Returns the target mesh over the first `target_devices` devices and the draft on the next one.
 
-  Raises ValueError with what to do when the platform has too few devices.
+  Under jax.distributed (several processes) the target takes target_devices / process_count devices from every
+  process and each process runs the draft on its next local device. Raises ValueError with what to do when the
+  platform has too few devices.
   """
-  devices = list(devices if devices is not None else jax.devices())
   if target_devices < 1 or draft_devices < 0:
     raise ValueError("need at least one target device (and a non-negative number of draft devices)")
   if draft_devices > 1:
     raise ValueError("the draft runs on one device; draft data parallelism is not implemented")
+  if devices is None and jax.process_count() > 1:
+    tdevs, draft = _split_by_process(jax.devices(), target_devices, draft_devices)
+    return Placement(Mesh(np.asarray(tdevs), (TP,)), draft)
+  devices = list(devices if devices is not None else jax.devices())
   need = target_devices + draft_devices
   if len(devices) < target_devices:
     raise ValueError(f"{target_devices} target devices requested but only {len(devices)} available; on a CPU set "

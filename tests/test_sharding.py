@@ -9,7 +9,7 @@ from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions
 from ssd_jax.decode.sd import SDDecoder
 from ssd_jax.decode.ssd import SSDDecoder
-from ssd_jax.sharding import make_placement, param_specs
+from ssd_jax.sharding import CACHE_AXES, cache_spec, make_placement, param_axes, param_specs
 
 from test_sd import PROMPTS, _perturbed
 
@@ -28,6 +28,23 @@ def _spec(x):
   return x.sharding.spec
 
 
+def _assert_placed(tree, specs, devices):
+  """Every array of `tree` carries the PartitionSpec of `specs` (same structure) over exactly `devices`."""
+  got = jax.tree.map(lambda x: x.sharding.spec, tree)
+  assert got == specs
+  assert all({d.id for d in x.sharding.device_set} == devices for x in jax.tree.leaves(tree))
+
+
+def test_every_param_has_logical_axes():
+  for cfg in (tiny_config(), tiny_config(attn_bias=True, tie_embeddings=False), tiny_config(head_vocab=32)):
+    shapes = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
+    axes = param_axes(cfg)
+    assert jax.tree.structure(shapes) == jax.tree.structure(axes, is_leaf=lambda a: isinstance(a, tuple))
+    for sh, ax in zip(jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda a: isinstance(a, tuple))):
+      assert len(sh.shape) == len(ax)
+  assert len(CACHE_AXES) == 4
+
+
 def test_params_and_cache_carry_the_intended_shardings(pair):
   cfg, tp, _ = pair
   pl = make_placement(4, 1)
@@ -36,10 +53,25 @@ def test_params_and_cache_carry_the_intended_shardings(pair):
   assert _spec(lp["wq"]) == P(None, "tp") and _spec(lp["wo"]) == P("tp", None)
   assert _spec(lp["wk"]) == P(None, "tp") and _spec(lp["w_down"]) == P("tp", None)
   assert _spec(sp["embed"]) == P("tp", None)
-  assert {d.id for d in lp["wq"].sharding.device_set} == {0, 1, 2, 3}
+  _assert_placed(sp, param_specs(cfg, 4), {0, 1, 2, 3})
+  # Each device holds a quarter of the query heads: whole heads, never a split head.
+  assert lp["wq"].addressable_shards[0].data.shape == (cfg.d_model, cfg.n_heads * cfg.head_dim // 4)
   cache = pl.target_cache(cfg, 2, 64, np.float32)
-  assert _spec(cache.k[0]) == P(None, None, "tp", None)
+  for a in cache.k + cache.v:
+    assert _spec(a) == P(None, None, "tp", None) and {d.id for d in a.sharding.device_set} == {0, 1, 2, 3}
+    assert a.addressable_shards[0].data.shape == (2, 64, cfg.n_kv_heads // 4, cfg.head_dim)
+  assert cache.lengths.sharding.is_fully_replicated
   assert pl.draft_device.id == 4
+
+
+def test_decoders_hold_their_arrays_where_intended(pair):
+  cfg, tp, dp = pair
+  pl = make_placement(4, 1)
+  ssd = SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=pl)
+  _assert_placed(ssd.tparams, param_specs(cfg, 4), {0, 1, 2, 3})
+  assert all(x.sharding.device_set == {pl.draft_device} for x in jax.tree.leaves(ssd.dparams))
+  sd = SDDecoder(cfg, tp, cfg, dp, k=3, placement=pl)  # colocated draft: replicated over the target's devices
+  assert all(x.sharding.is_fully_replicated and len(x.sharding.device_set) == 4 for x in jax.tree.leaves(sd.dparams))
 
 
 def test_indivisible_heads_are_replicated():
@@ -47,6 +79,13 @@ def test_indivisible_heads_are_replicated():
   specs = param_specs(cfg, 4)
   assert specs["layers"][0]["wq"] == P(None, None) and specs["layers"][0]["wk"] == P(None, None)
   assert specs["layers"][0]["w_gate"] == P(None, "tp")  # FFN 48 splits
+  assert cache_spec(cfg, 4) == P(None, None, None, None)
+  pl = make_placement(4, 1)
+  params = pl.shard_target(model.init_params(jax.random.key(0), cfg), cfg)
+  _assert_placed(params, specs, {0, 1, 2, 3})
+  cache = pl.target_cache(cfg, 1, 32, np.float32)
+  assert all(a.sharding.is_fully_replicated and len(a.sharding.device_set) == 4 for a in cache.k + cache.v)
+  assert cache_spec(cfg, 3) == P(None, None, "tp", None)  # 3 KV heads over 3 devices do split
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
@@ -70,3 +109,9 @@ def test_sharded_decoding_equals_single_device(pair, mode):
 def test_too_few_devices_is_a_clear_error():
   with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
     make_placement(64, 1)
+
+
+def test_target_devices_must_divide_the_processes(monkeypatch):
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  with pytest.raises(ValueError, match="multiple of the number of processes"):
+    make_placement(4, 1)

@@ -62,7 +62,7 @@ class ARDecoder:
     b = len(prompts)
     slots = cache_slots(cfg, int(lengths.max()), opts.max_new_tokens)
     cache = self.placement.target_cache(cfg, b, slots, params["embed"].dtype)
-    rep = functools.partial(jax.device_put, device=self.placement.replicated())  # small inputs: every device
+    rep = self.placement.to_target  # small inputs: every device (of every process)
     key = rep(jax.random.key(opts.seed))
     temp, top_p = rep(jnp.float32(opts.temperature)), rep(jnp.float32(opts.top_p))
     run = self.programs
@@ -79,7 +79,7 @@ class ARDecoder:
     t0 = time.perf_counter()
     logits, cache = run(prefill, params, tokens, lengths, cache, **st)
     cur = run(first_tokens, params, logits, key, temp, top_p, cfg=cfg)
-    cur_np = np.asarray(cur)
+    cur_np = self.placement.fetch(cur)
     t_prefill = time.perf_counter() - t0
 
     out = [[int(cur_np[i])] for i in range(b)]
@@ -92,7 +92,7 @@ class ARDecoder:
     while not done.all():
       cur, cache = run(ar_step, params, cache, cur, rep(jnp.asarray(done)), key, rep(jnp.int32(step)), temp, top_p,
                        **st)
-      cur_np = np.asarray(cur)
+      cur_np = self.placement.fetch(cur)
       now = time.perf_counter()
       for i in np.flatnonzero(~done):
         out[i].append(int(cur_np[i]))

@@ -103,7 +103,7 @@ class SDDecoder:
     self.tcfg, self.dcfg, self.k = target_cfg, draft_cfg, k
     self.tparams = self.placement.shard_target(target_params, target_cfg)
     # Colocated, as the paper's SD baseline: the draft is replicated on the target's devices.
-    self.dparams = jax.device_put(draft_params, self.placement.replicated())
+    self.dparams = self.placement.to_target(draft_params)
     self.attn_impl = attn_impl
     self.programs = Programs()
 
@@ -120,7 +120,7 @@ class SDDecoder:
                        f"of the {tcfg.max_seq_len}-token context; lower K or max_new_tokens")
     # K+1 lookahead slots: a round may write K+1 entries past the committed text before rolling back.
     slots = cache_slots(tcfg, max_prompt, opts.max_new_tokens, lookahead=k + 2)
-    rep = functools.partial(jax.device_put, device=self.placement.replicated())  # small inputs: every device
+    rep = self.placement.to_target  # small inputs: every device (of every process)
     tcache = self.placement.target_cache(tcfg, b, slots, self.tparams["embed"].dtype)
     dcache = rep(KVCache.init(dcfg, b, slots, self.dparams["embed"].dtype))
     key = rep(jax.random.key(opts.seed))
@@ -143,7 +143,7 @@ class SDDecoder:
     t0 = time.perf_counter()
     logits, tcache = run(prefill, self.tparams, tokens_j, lengths_j, tcache, **st_t)
     _, dcache = run(prefill, self.dparams, tokens_j, lengths_j, dcache, **st_d)
-    cur = np.asarray(run(first_tokens, self.tparams, logits, key, temp, top_p, cfg=tcfg))
+    cur = self.placement.fetch(run(first_tokens, self.tparams, logits, key, temp, top_p, cfg=tcfg))
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, cur, opts, k, time.perf_counter())
     stream_root = jax.random.fold_in(key, 0x5EED)
@@ -163,7 +163,7 @@ class SDDecoder:
       tb = time.perf_counter()
       acc, bonus, tcache = run(verify, self.tparams, tcache, rep(last2[:, 1]), drafts, q,
                                rep(~book.done), kv, temp, top_p, **st_t)
-      acc, bonus, drafts_np = np.asarray(acc), np.asarray(bonus), np.asarray(drafts)
+      acc, bonus, drafts_np = (self.placement.fetch(x) for x in (acc, bonus, drafts))
       tc = time.perf_counter()
       t_draft += tb - ta
       t_verify += tc - tb

@@ -204,7 +204,7 @@ class SSDDecoder:
     dslots = cache_slots(dcfg, max_prompt, opts.max_new_tokens, lookahead=look)
     tcache = self.placement.target_cache(tcfg, b, tslots, jnp.float32)
     dcache = jax.device_put(KVCache.init(dcfg, b, dslots), self.ddev)
-    on_t = lambda x: jax.device_put(x, self.placement.replicated())  # small target inputs: every target device
+    on_t = self.placement.to_target  # small target inputs: every target device (of every process)
     on_d = lambda x: jax.device_put(x, self.ddev)
     key = jax.random.key(opts.seed)
     temp_t, top_p_t = on_t(jnp.float32(opts.temperature)), on_t(jnp.float32(opts.top_p))
@@ -251,7 +251,7 @@ class SSDDecoder:
     t0 = time.perf_counter()
     logits, tcache = run(prefill, self.tparams, tok_t, len_t, tcache, **st_t)
     _, dcache = run(prefill, self.dparams, tok_d, len_d, dcache, **st_d)
-    cur = np.asarray(run(first_tokens, self.tparams, logits, on_t(key), temp_t, top_p_t, cfg=tcfg))
+    cur = self.placement.fetch(run(first_tokens, self.tparams, logits, on_t(key), temp_t, top_p_t, cfg=tcfg))
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, cur, opts, k, time.perf_counter())
     hits = np.zeros(b, np.int64)
@@ -315,7 +315,8 @@ class SSDDecoder:
       cand, branch_j, tree_t, tree_q, glue_g, dcache = run(
           draft_tree, self.dparams, dcache, on_d(last2), spec, on_d(lens), dkey(rnd, 1), temp, top_p, sag_c, **st_d,
           k=k, fan_out=tree_fan, **st_sag)
-      acc_np, bonus_np, spec_np = np.asarray(acc), np.asarray(bonus), np.asarray(spec)  # blocks on verify only
+      acc_np, bonus_np = self.placement.fetch(acc), self.placement.fetch(bonus)  # blocks on verify only
+      spec_np = np.asarray(spec)
       t_verified = time.perf_counter()
       tally["verify_s"] += t_verified - t_dispatch
       tally["verify_n"] += 1
