@@ -358,6 +358,8 @@ class SSDDecoder:
               "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
                                          for h, r in zip(hits_by_len[i], rounds_by_len[i])],
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),
+              # dispatch of verify to its result, and the neural backup's time (the timing model's t_backup)
+              "verify_seconds": round(tally["verify_s"], 4), "neural_backup_seconds": round(tally["neural_s"], 4),
               "compile_seconds": round(run.compile_seconds, 3), "devices": {"target": self.tdevs, "draft": self.ddev.id}}
 
     return book.results(self.mode, t_prefill, t0 + t_prefill, extra_of)
