@@ -25,6 +25,20 @@ def tokenizer_from_gguf_meta(meta: dict) -> Tokenizer:
   return tok
 
 
+def byte_level_tokenizer() -> Tokenizer:
+  """Returns a 259-token byte-level tokenizer (the chat specials at ids 0-2, then the 256 bytes, no merges).
+
+  For tiny random models (tests, `scripts/bench.py --tiny`): any text encodes, one token per byte.
+  """
+  specials = [ENDOFTEXT, IM_START, IM_END]
+  vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+  return tok
+
+
 class TextTokenizer:
   """Thin wrapper: encode/decode plus the chat template and the end-of-turn id."""
 
