@@ -102,3 +102,26 @@ def chat_pieces(turns, system: str = DEFAULT_SYSTEM):
     else:
       pieces.append((f"{IM_START}{role}\n{content}{IM_END}\n", False))
   return pieces
+
+
+def load_prompt_file(path: str) -> list[str]:
+  """Returns the prompts of a JSONL file with one {"prompt": ...} object per line (blank lines skipped)."""
+  import os
+
+  if not os.path.exists(path):
+    raise DataError(f"prompt file {path} does not exist")
+  prompts = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+      if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+        raise DataError(f"{path}:{n}: expected an object with a string \"prompt\"")
+      prompts.append(obj["prompt"])
+  if not prompts:
+    raise DataError(f"prompt file {path} holds no prompts")
+  return prompts

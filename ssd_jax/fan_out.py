@@ -72,8 +72,14 @@ def fit_power_law(ranks, f_max: int = 32):
   ok = miss > 0
   if ok.sum() < 2:
     return float("inf"), 0.0, miss  # (almost) never misses: any fan-out works
-  slope, intercept = np.polyfit(np.log(fs[ok]), np.log(miss[ok]), 1)
-  return float(max(-slope, 1e-3)), float(np.exp(intercept)), miss
+  r, c = fit_log_log(fs[ok], miss[ok])
+  return r, c, miss
+
+
+def fit_log_log(fs, miss) -> tuple[float, float]:
+  """Returns (r, c) of the least-squares line log miss = log c - r log F (r at least 1e-3); all miss > 0."""
+  slope, intercept = np.polyfit(np.log(np.asarray(fs, float)), np.log(np.asarray(miss, float)), 1)
+  return float(max(-slope, 1e-3)), float(np.exp(intercept))
 
 
 def calibrated_geometric(calibration_file: str, k: int, budget: int, temperature: float) -> tuple[int, ...]:
