@@ -4,6 +4,11 @@
   python scripts/train_draft.py                      # the shipped draft's recipe; resumes from --work-dir
   python scripts/train_draft.py --tiny --steps 3     # a seconds-long smoke run (used by the tests)
 
+Data: ShareGPT conversations in the chat template, mixed (--corpus-mix) with the target's own greedy answers when a
+corpus from scripts/make_target_corpus.py exists (--target-corpus, default <work-dir>/target_answers). With that
+corpus, the draft exported is the one with the best agreement on held-out *target answers* (what acceptance
+measures); without it, on held-out ShareGPT text.
+
 Progress goes to stderr; the train state (params + optimizer) is saved every --save-every steps under --work-dir and
 training resumes from it. At each evaluation the draft is exported to --out (config.json, params/, tokenizer.json,
 extra.json with the recipe and measured agreement) when its agreement is the best so far.
@@ -29,7 +34,12 @@ def parse_args(argv=None):
   p.add_argument("--target", default="smollm2-135m-instruct", help="target model name or checkpoint directory")
   p.add_argument("--out", default=None, help="where the trained draft is exported (default checkpoints/draft-smollm2)")
   p.add_argument("--work-dir", default=None, help="train-state checkpoints (default checkpoints/draft-train)")
-  p.add_argument("--steps", type=int, default=None)
+  p.add_argument("--steps", type=int, default=None, help="length of the learning-rate schedule")
+  p.add_argument("--until", type=int, default=None, help="stop at this step (default --steps); resume later")
+  p.add_argument("--target-corpus", default=None,
+                 help="target-answer shards (default <work-dir>/target_answers if present; 'none': ShareGPT only)")
+  p.add_argument("--corpus-mix", type=float, default=0.75,
+                 help="fraction of each batch taken from the target-answer corpus when there is one")
   p.add_argument("--batch-size", type=int, default=None)
   p.add_argument("--seq-len", type=int, default=None)
   p.add_argument("--lr", type=float, default=None)
@@ -65,6 +75,11 @@ def main(argv=None):
       tc = dataclasses.replace(tc, **{name: v})
   if tc.steps < 1 or tc.batch_size < 1 or tc.seq_len < 2:
     fail("--steps and --batch-size must be >= 1 and --seq-len >= 2")
+  until = tc.steps if args.until is None else args.until
+  if not 1 <= until <= tc.steps:
+    fail(f"--until must be in [1, --steps = {tc.steps}], got {until}")
+  if not 0 <= args.corpus_mix <= 1:
+    fail(f"--corpus-mix must be in [0, 1], got {args.corpus_mix}")
   out = args.out or os.path.join(checkpoints.CHECKPOINT_DIR, checkpoints.DEFAULT_DRAFT_NAME)
   work = os.path.abspath(args.work_dir or os.path.join(checkpoints.CHECKPOINT_DIR, "draft-train"))
   os.makedirs(work, exist_ok=True)
@@ -91,6 +106,22 @@ def main(argv=None):
   if len(train_idx) == 0:
     fail("not enough training text for one training window")
   ev_tokens, ev_mask = windows[eval_idx], wmask[eval_idx]
+
+  # The target's own answers (scripts/make_target_corpus.py), when present.
+  corpus = args.target_corpus or os.path.join(work, "target_answers")
+  t_win = t_wmask = tev_tokens = tev_mask = None
+  if args.target_corpus != "none" and os.path.isdir(corpus):
+    t_ids, t_m, h_ids, h_m = train.load_answer_shards(corpus)
+    if len(t_ids) > tc.seq_len:
+      t_win, t_wmask = train.make_windows(t_ids, t_m, tc.seq_len)
+    if len(h_ids) > tc.seq_len:
+      tev_tokens, tev_mask = train.make_windows(h_ids, h_m, tc.seq_len)
+      tev_tokens, tev_mask = tev_tokens[:tc.eval_windows * 2], tev_mask[:tc.eval_windows * 2]
+    print(f"[train] target-answer corpus {corpus}: {int(t_m.sum()):,} answer tokens for training, "
+          f"{int(h_m.sum()):,} held out", file=sys.stderr)
+  elif args.target_corpus not in (None, "none"):
+    fail(f"no target-answer corpus at {corpus} (make one with scripts/make_target_corpus.py)")
+  n_target = int(round(args.corpus_mix * tc.batch_size)) if t_win is not None else 0
   train_ids_for_vocab = windows[train_idx].reshape(-1)
   train_mask_for_vocab = wmask[train_idx].reshape(-1)
 
@@ -126,6 +157,8 @@ def main(argv=None):
   else:
     ev_top = train.target_argmax(tparams, tcfg, ev_tokens)
     np.save(top_file, ev_top)
+  tev_top = train.target_argmax(tparams, tcfg, tev_tokens) if tev_tokens is not None else None
+  metric = "target_answers" if tev_top is not None else "sharegpt"
 
   step_fn = train.make_train_step(cfg, opt, tcfg, tc.distill_weight)
   best_file = os.path.join(work, "best.json")
@@ -133,42 +166,58 @@ def main(argv=None):
   if os.path.exists(best_file) and not args.fresh:
     import json
     with open(best_file) as f:
-      best = json.load(f)["agreement"]
+      rec = json.load(f)
+    best = rec["agreement"] if rec.get("metric", "sharegpt") == metric else None  # a new metric starts afresh
   tokens_per_step = tc.batch_size * tc.seq_len
   print(f"[train] draft {cfg.name}: {train.params_nbytes(params) / 1e6:.1f} MB params, "
         f"{len(train_idx)} train windows x {tc.seq_len}, {n_eval} held-out windows, steps {start}->{tc.steps}",
         file=sys.stderr)
-  bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc="train draft", unit="step",
+  bar = tqdm(range(start, until), initial=start, total=until, desc="train draft", unit="step",
              disable=args.tiny, mininterval=5)
   met = {}
   for step in bar:
-    perm = np.random.default_rng(tc.seed + 1 + step // max(1, len(train_idx) // tc.batch_size)).permutation(
-        len(train_idx))
-    j = (step % max(1, len(train_idx) // tc.batch_size)) * tc.batch_size
-    sel = train_idx[perm[j:j + tc.batch_size]]
-    batch = {"tokens": jnp.asarray(windows[sel]), "mask": jnp.asarray(wmask[sel])}
+    if n_target == 0:  # ShareGPT only: epochs of a seeded permutation
+      perm = np.random.default_rng(tc.seed + 1 + step // max(1, len(train_idx) // tc.batch_size)).permutation(
+          len(train_idx))
+      j = (step % max(1, len(train_idx) // tc.batch_size)) * tc.batch_size
+      sel = train_idx[perm[j:j + tc.batch_size]]
+      toks, msk = windows[sel], wmask[sel]
+    else:  # a mix, drawn by a generator seeded with the step, so a resumed run draws the same batches
+      rs = np.random.default_rng([tc.seed, step])
+      sel = train_idx[rs.integers(0, len(train_idx), tc.batch_size - n_target)]
+      tsel = rs.integers(0, len(t_win), n_target)
+      toks = np.concatenate([windows[sel], t_win[tsel]])
+      msk = np.concatenate([wmask[sel], t_wmask[tsel]])
+    batch = {"tokens": jnp.asarray(toks), "mask": jnp.asarray(msk)}
     params, opt_state, met = step_fn(params, opt_state, batch, tparams)
     done = step + 1
     if done % 20 == 0 or args.tiny:
       bar.set_postfix(loss=f"{float(met['loss']):.3f}", acc=f"{float(met['acc']):.3f}")
-    if done % tc.save_every == 0 or done == tc.steps:
+    if done % tc.save_every == 0 or done == until:
       mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt": jax.tree.leaves(opt_state)}))
       mngr.wait_until_finished()
-    if done % tc.eval_every == 0 or done == tc.steps:
-      agree = train.agreement(params, cfg, ev_tokens, ev_mask, ev_top)
-      print(f"\n[train] step {done}: held-out agreement with target {agree:.4f} "
+    if done % tc.eval_every == 0 or done == until:
+      agree_sg = train.agreement(params, cfg, ev_tokens, ev_mask, ev_top)
+      agree_t = train.agreement(params, cfg, tev_tokens, tev_mask, tev_top) if tev_top is not None else None
+      agree = agree_t if metric == "target_answers" else agree_sg
+      on_t = f", on held-out target answers {agree_t:.4f}" if agree_t is not None else ""
+      print(f"\n[train] step {done}: held-out agreement with target on ShareGPT {agree_sg:.4f}{on_t} "
             f"(loss {float(met['loss']):.3f}, tokens seen {done * tokens_per_step:,})", file=sys.stderr, flush=True)
       if best is None or agree >= best:
         best = agree
         extra = {"recipe": "scripts/train_draft.py", "train_config": dataclasses.asdict(tc), "step": done,
-                 "train_tokens": done * tokens_per_step, "heldout_agreement": agree,
-                 "heldout": f"{n_eval} ShareGPT windows of {tc.seq_len} tokens (not trained on)"}
+                 "train_tokens": done * tokens_per_step, "heldout_agreement": agree_sg,
+                 "heldout": f"{n_eval} ShareGPT windows of {tc.seq_len} tokens (not trained on)",
+                 "corpus_mix": args.corpus_mix if n_target else 0.0}
+        if agree_t is not None:
+          extra.update(heldout_target_answer_agreement=agree_t,
+                       heldout_target_answers=f"{len(tev_tokens)} windows of held-out target-answer shards")
         checkpoints.save_checkpoint(out + ".tmp", cfg, jax.device_get(params), tokenizer=tok, extra=extra)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(out + ".tmp", out)
-        train.write_json(best_file, {"agreement": agree, "step": done})
+        train.write_json(best_file, {"agreement": agree, "step": done, "metric": metric})
   bar.close()
-  print(f"[train] finished at step {tc.steps}; best held-out agreement {best:.4f}; draft at {out}", file=sys.stderr)
+  print(f"[train] stopped at step {until}; best held-out agreement {best:.4f}; draft at {out}", file=sys.stderr)
   return 0
 
 

@@ -67,6 +67,29 @@ def make_windows(ids: np.ndarray, mask: np.ndarray, seq_len: int):
   return ids[idx].astype(np.int32), mask[idx].astype(np.float32)
 
 
+def load_answer_shards(directory: str, heldout_every: int = 25, heldout_offset: int = 7):
+  """Returns (train_ids, train_mask, heldout_ids, heldout_mask) from `scripts/make_target_corpus.py` shards.
+
+  Shard b is held out when b % heldout_every == heldout_offset: a fixed rule, so the held-out text stays the same
+  while the corpus grows (shards are numbered by their place in the corpus's plan, not by when they were written).
+  """
+  import glob
+  import re
+
+  parts = {True: ([], []), False: ([], [])}
+  for f in sorted(glob.glob(os.path.join(directory, "shard_*.npz"))):
+    m = re.fullmatch(r"shard_(\d{5})\.npz", os.path.basename(f))
+    if not m:
+      continue  # a shard being written
+    z = np.load(f)
+    held = int(m.group(1)) % heldout_every == heldout_offset
+    parts[held][0].append(z["ids"])
+    parts[held][1].append(z["mask"])
+  cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros((0,), dt)  # noqa: E731
+  return (cat(parts[False][0], np.uint16), cat(parts[False][1], np.uint8), cat(parts[True][0], np.uint16),
+          cat(parts[True][1], np.uint8))
+
+
 def choose_head_vocab(ids: np.ndarray, mask: np.ndarray, vocab_size: int, size: int, always=(0, 1, 2)) -> np.ndarray:
   """Returns the `size` token ids most frequent among loss-masked targets (plus `always`), sorted."""
   counts = np.bincount(ids[mask.astype(bool)].astype(np.int64), minlength=vocab_size).astype(np.float64)

@@ -78,3 +78,37 @@ def test_train_draft_tiny_smoke_and_resume(tmp_path):
   from ssd_jax import checkpoints
   cfg, params, tok = checkpoints.load_model(str(out))
   assert cfg.head_vocab == 512 and tok is not None
+
+
+@pytest.mark.slow
+def test_target_corpus_then_mixed_training(tmp_path):
+  import numpy as np
+
+  from ssd_jax import train
+  work, out = tmp_path / "work", tmp_path / "draft"
+  r = run("make_target_corpus.py", "--tiny", "--out", str(work / "target_answers"))
+  assert r.returncode == 0, r.stderr[-2000:]
+  ids, mask, _, _ = train.load_answer_shards(str(work / "target_answers"), heldout_every=10**6)
+  assert len(ids) == len(mask) and 0 < mask.sum() < len(mask)
+  # Every answer closes its turn: the last masked token of each answer run is <|im_end|>.
+  ends = np.flatnonzero((mask[:-1] == 1) & (mask[1:] == 0))
+  assert len(ends) == 3 and (ids[ends] == 2).all()
+  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20",
+          "--corpus-mix", "0.5")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "target-answer corpus" in r.stderr
+  assert json.loads((out / "extra.json").read_text())["corpus_mix"] == 0.5
+  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
+          str(tmp_path / "missing"))
+  assert r.returncode == 2 and "no target-answer corpus" in r.stderr
+
+
+def test_answer_shards_heldout_rule_is_stable(tmp_path):
+  import numpy as np
+
+  from ssd_jax import train
+  for b in (0, 1, 2, 3, 4):
+    np.savez(tmp_path / f"shard_{b:05d}.npz", ids=np.full(3, b, np.uint16), mask=np.ones(3, np.uint8))
+  np.savez(tmp_path / "shard_00005.tmp.npz", ids=np.zeros(3, np.uint16), mask=np.ones(3, np.uint8))  # in flight
+  ids, _, hids, _ = train.load_answer_shards(str(tmp_path), heldout_every=2, heldout_offset=1)
+  assert sorted(set(ids.tolist())) == [0, 2, 4] and sorted(set(hids.tolist())) == [1, 3]
