@@ -1,40 +1,68 @@
 #!/usr/bin/env python
-"""Measure decoding speed: AR (and SD with the shipped draft) on the benchmark prompt sets, interleaved.
+"""Measure decoding speed: AR, SD and SSD (and optionally transformers' AR and assisted generation) in one run.
 
-  python scripts/bench.py --modes ar,sd --datasets humaneval,gsm8k,alpaca,mtbench --num-prompts 4 --max-new-tokens 128
+  python scripts/bench.py --num-prompts 4 --max-new-tokens 128 --out-dir bench-out
+  python scripts/bench.py --sweep fan-out --modes ar,sd,ssd --num-prompts 2 --out-dir bench-fanout
+  python scripts/bench.py --peer hf --out-dir bench-peer          # + hf-ar, hf-sd (needs the 'peer' extra)
+  python scripts/bench.py --tiny --prompts p.jsonl --max-new-tokens 8   # tiny random pair: a smoke run
 
-Each prompt is decoded once per mode, modes interleaved prompt by prompt (machine drift hits all modes alike);
-compile time is excluded (a warm-up prompt per mode first). Reports per mode and dataset the median decode tokens/s
-and tokens per target forward, the AR step time against the memory-bandwidth limit (weight bytes read per token /
-measured streaming bandwidth), and the process's peak memory. --json-out keeps every per-prompt figure.
+The pair is loaded once. Prompts (HumanEval, GSM8K, AlpacaEval, MT-Bench, or --prompts FILE.jsonl) are decoded by
+every variant (a mode with its options; a sweep makes one variant per value for the modes it changes) in interleaved
+order, group by group, so machine drift hits all variants alike. Each variant first decodes a warm-up batch; compile
+and warm-up times are reported apart from the decode times, which never include them. Every run prints a progress
+line. Output: a markdown table (stdout and --out-dir/bench.md), a JSON file with every per-prompt figure, the
+summary and the timing model's predictions (--out-dir/bench.json or --json-out), and PNG plots in --out-dir (with
+the optional matplotlib: pip install -e ".[bench]"). See docs/benchmarks.md for what each figure means.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import resource
-import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 from ssd_jax.cli_util import fail, run_main, split_cpu
 
-split_cpu(2)  # SSD puts the draft on its own device
-
-
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--modes", default="ar,sd,ssd")
+  p.add_argument("--modes", default="ar,sd,ssd", help="comma-separated: ar, sd, ssd")
+  p.add_argument("--peer", default="none", choices=["none", "hf"],
+                 help="hf: also run transformers' AR (hf-ar) and assisted generation (hf-sd) on the same prompts")
   p.add_argument("--datasets", default="humaneval,gsm8k,alpaca,mtbench")
-  p.add_argument("--num-prompts", type=int, default=4)
-  p.add_argument("--max-new-tokens", type=int, default=128)
-  p.add_argument("--k", type=int, default=4)
-  p.add_argument("--fan-out", type=int, default=3)
-  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--prompts", help="a JSONL file of {\"prompt\": ...} objects instead of --datasets")
+  p.add_argument("--num-prompts", type=int, default=4, help="prompts per dataset")
+  p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt (EOS ignored)")
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--batch-size", type=int, default=1)
+  p.add_argument("--k", type=int, default=2, help="draft tokens per round (sd, ssd, hf-sd)")
+  p.add_argument("--fan-out", default="3", help="ssd: F, or K+1 counts 'F0,...,FK'")
+  p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
+  p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")
+  p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
+  p.add_argument("--attention", default="ref", help="attention implementation (ref; others where available)")
+  p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
+  p.add_argument("--draft-devices", type=int, default=1,
+                 help="1: the draft on its own device after the target's (SSD); 0: on the target's first device")
+  p.add_argument("--target", default="smollm2-135m-instruct", help="target name, checkpoint dir, GGUF or HF dir")
+  p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft)")
+  p.add_argument("--tiny", action="store_true", help="a tiny random target and draft (smoke runs, tests)")
+  p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k"])
+  p.add_argument("--sweep-values", default=None, help="comma-separated values (default: per sweep, see docs)")
+  p.add_argument("--out-dir", help="write bench.json, bench.md and the PNG plots here")
+  p.add_argument("--json-out", help="write the JSON result to this file (default: OUT_DIR/bench.json)")
+  p.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True,
+                 help="measure memory bandwidth and set the AR step against its limit (real target only)")
+  p.add_argument("--peer-threads", type=int, default=None, help="torch threads for the peer (default: torch's)")
   p.add_argument("--verify-cost", action="store_true",
                  help="only measure the target forward cost for T = 1..9 new tokens (verify of K = T-1) vs T = 1")
-  p.add_argument("--json-out")
   return p.parse_args(argv)
 
 
@@ -83,18 +111,136 @@ def streaming_bandwidth_gbs(n_bytes: int = 1 << 30, repeats: int = 7) -> float:
   return n_bytes / float(np.median(ts)) / 1e9
 
 
-def main(argv=None):
-  args = parse_args(argv)
-  import jax
-
-  from ssd_jax import api, datasets
-
+def check_args(args) -> list[str]:
+  """Fails on bad input before anything is loaded; returns the modes."""
   modes = [m for m in args.modes.split(",") if m]
   for m in modes:
-    if m not in api.MODES:
-      fail(f"unknown mode {m!r}; available: {', '.join(api.MODES)}")
+    if m not in ("ar", "sd", "ssd"):
+      fail(f"unknown mode {m!r} in --modes; choose from ar, sd, ssd (the peer's modes come with --peer hf)")
+  if not modes and args.peer == "none":
+    fail("no modes to run")
+  for name, val, ok in (("--num-prompts", args.num_prompts, args.num_prompts >= 1),
+                        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 2),
+                        ("--batch-size", args.batch_size, args.batch_size >= 1), ("--k", args.k, args.k >= 1),
+                        ("--temperature", args.temperature, args.temperature >= 0),
+                        ("--saguaro-c", args.saguaro_c, 0 < args.saguaro_c <= 1)):
+    if not ok:
+      fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2, --batch-size >= 1, "
+           f"--k >= 1, --temperature >= 0, --saguaro-c in (0, 1])")
+  if args.target_devices < 1 or args.draft_devices not in (0, 1):
+    fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
+  if args.sweep_values and not args.sweep:
+    fail("--sweep-values needs --sweep")
+  if args.peer == "hf" and (args.batch_size != 1 or args.sweep == "batch"):
+    fail("--peer hf needs batch size 1: transformers' assisted generation decodes one sequence at a time")
+  if args.sweep == "batch":
+    top = max(int(v) for v in (args.sweep_values or "1,2,4,8").split(","))
+    if args.num_prompts < top:
+      fail(f"--sweep batch up to {top} needs --num-prompts >= {top} (one group of prompts feeds every batch size)")
+  return modes
+
+
+def read_prompt_sets(args) -> dict[str, list[str]]:
+  """Returns {dataset: prompts}: --prompts FILE (one set named after the file) or the --datasets."""
+  from ssd_jax import datasets
+
+  if args.prompts:
+    name = os.path.splitext(os.path.basename(args.prompts))[0]
+    return {name: datasets.load_prompt_file(args.prompts)[: args.num_prompts]}
+  return {d: datasets.load_prompts(d, args.num_prompts) for d in args.datasets.split(",") if d}
+
+
+def environment(pipe) -> dict:
+  """Returns what the figures depend on: date, machine, load, library versions, devices, commit."""
+  import jax
+
+  try:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+  except (OSError, subprocess.SubprocessError):
+    commit = None
+  return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "host": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
+          "load_average": os.getloadavg(), "python": platform.python_version(), "jax": jax.__version__,
+          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()], "commit": commit,
+          "target": {"name": pipe.target.cfg.name, "path": pipe.target.path},
+          "draft": None if pipe.draft is None else {"name": pipe.draft.cfg.name, "path": pipe.draft.path}}
+
+
+class Runner:
+  """Decodes one batch of token-id prompts with one variant, ours or the peer's; returns rows and compile time."""
+
+  def __init__(self, pipe, peer, args):
+    self.pipe, self.peer, self.args = pipe, peer, args
+
+  def __call__(self, variant, ids):
+    o = variant.opts
+    if variant.mode.startswith("hf-"):
+      rows = []
+      for p in ids:
+        toks, stats = self.peer.generate(p, variant.mode, self.args.max_new_tokens, o["temperature"], self.args.seed,
+                                         k=o["k"])
+        rows.append({"token_ids": toks, "stats": stats})
+      return rows, 0.0
+    from ssd_jax.fan_out import parse_fan_out
+    fan_out = parse_fan_out(o["fan_out"], o["k"])
+    fan_out_miss = parse_fan_out(o["fan_out_miss"], o["k"]) if o["fan_out_miss"] else None
+    dec = self.pipe.decoder(variant.mode, o["k"], fan_out, fan_out_miss, o["backup"], o["saguaro_c"])
+    before = dec.programs.compile_seconds
+    res = self.pipe.generate_ids(ids, mode=variant.mode, batch_size=len(ids), k=o["k"], fan_out=fan_out,
+                                 fan_out_miss=fan_out_miss, backup=o["backup"], saguaro_c=o["saguaro_c"],
+                                 max_new_tokens=self.args.max_new_tokens, temperature=o["temperature"],
+                                 seed=self.args.seed, ignore_eos=True)
+    return [{"token_ids": r.token_ids, "stats": r.stats.to_dict()} for r in res], dec.programs.compile_seconds - before
+
+
+def load_peer(pipe, args, work_dir: str):
+  """Returns (HFPeer, description): the target from its GGUF (or an export), the draft exported to work_dir."""
+  from ssd_jax import checkpoints, hf_export
+  from ssd_jax.hf_peer import HFPeer
+
+  eos = pipe.tokenizer.eos_id
+  draft_dir = None
+  info = None
+  if pipe.draft is not None:
+    draft_dir = os.path.join(work_dir, "hf-draft")
+    info = hf_export.export_llama(pipe.draft.params, pipe.draft.cfg, draft_dir, tokenizer=pipe.tokenizer.tok,
+                                  eos_id=eos)
+    if not info["greedy_exact"]:
+      print(f"[bench] warning: the exported draft's greedy argmax may leave its vocabulary ({info})", file=sys.stderr)
+  if args.tiny or not (args.target.endswith(".gguf") or args.target in ("smollm2-135m-instruct", "smollm2",
+                                                                       "target", "default")):
+    src = args.target if (not args.tiny and os.path.isdir(args.target)
+                          and any(f.endswith(".safetensors") for f in os.listdir(args.target))) else None
+    if src is None:  # an ssd-jax checkpoint or the tiny pair: transformers reads the exported copy
+      src = os.path.join(work_dir, "hf-target")
+      hf_export.export_llama(pipe.target.params, pipe.target.cfg, src, tokenizer=pipe.tokenizer.tok, eos_id=eos)
+  else:
+    src = args.target if args.target.endswith(".gguf") else checkpoints.locate_smollm2_gguf()
+  print(f"[bench] peer: loading the target from {src} and the draft from {draft_dir} in transformers",
+        file=sys.stderr, flush=True)
+  peer = HFPeer(src, draft_dir, threads=args.peer_threads)
+  return peer, {"target_source": src, "draft_dir": draft_dir, "draft_export": info, "schedule": "constant",
+                "torch_threads": peer.torch.get_num_threads()}
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  modes = check_args(args)
+  split_cpu(max(2, args.target_devices + args.draft_devices))  # before JAX is imported
+  from ssd_jax import api, benchmark
+  from ssd_jax.fan_out import parse_fan_out
+  from ssd_jax.kernels import masked_attention
+
+  impls = getattr(masked_attention, "IMPLS", ("ref",))
+  if args.attention not in impls:
+    fail(f"unknown --attention {args.attention!r}; choose from {', '.join(impls)}")
+  parse_fan_out(args.fan_out, args.k)  # bad fan-out specs fail here, before loading
+  if args.fan_out_miss:
+    parse_fan_out(args.fan_out_miss, args.k)
+
   if args.verify_cost:
-    pipe = api.load(draft=None)
+    pipe = api.load(args.target, draft=None, attn_impl=args.attention)
     table = verify_cost_table(pipe)
     print("| new tokens T (verify K = T-1) | ms | cost / AR step |\n|---|---|---|")
     for t, ms in table.items():
@@ -103,66 +249,100 @@ def main(argv=None):
       with open(args.json_out, "w") as f:
         json.dump({"verify_cost_ms": table}, f, indent=1)
     return 0
-  names = [d for d in args.datasets.split(",") if d]
-  prompts = {d: datasets.load_prompts(d, args.num_prompts) for d in names}
-  spec = any(m in ("sd", "ssd") for m in modes)
-  pipe = api.load(draft="default" if spec else None)
+
+  prompt_sets = read_prompt_sets(args)
+  names = list(prompt_sets)
+  spec = any(m in ("sd", "ssd") for m in modes) or args.peer == "hf"
+  if args.tiny:
+    pipe = api.load_tiny(seed=args.seed, target_devices=args.target_devices, draft_devices=args.draft_devices)
+    pipe.attn_impl = args.attention
+  else:
+    pipe = api.load(args.target, draft=args.draft if spec else None, attn_impl=args.attention,
+                    target_devices=args.target_devices, draft_devices=args.draft_devices)
   if spec and pipe.draft is None:
-    fail("modes sd/ssd need the shipped draft (checkpoints/draft-smollm2)")
-  kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, ignore_eos=True, k=args.k,
-            fan_out=args.fan_out)
-  for m in modes:  # warm-up: compile every program the timed runs use
-    pipe.generate([prompts[names[0]][0]], mode=m, **kw)
-  rows = []
-  for d in names:
-    for i, p in enumerate(prompts[d]):
-      for m in modes:
-        g = pipe.generate([p], mode=m, **kw)[0]
-        rows.append({"dataset": d, "prompt_index": i, "mode": m, **g.stats})
-        extra = (f", hits {g.stats['cache_hit_rate']:.2f}, target idle {g.stats['target_idle_seconds']:.2f} s"
-                 if m == "ssd" else "")
-        print(f"[bench] {d}[{i}] {m}: {g.stats['tokens_per_second']:.2f} tok/s, "
-              f"{g.stats['tokens_per_target_forward']:.2f} tok/forward{extra}", file=sys.stderr, flush=True)
-  bw = streaming_bandwidth_gbs()
-  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
-  summary = {}
-  print("\n| dataset | " + " | ".join(f"{m} tok/s | {m} tok/fwd" for m in modes) + " |")
-  print("|---|" + "---|---|" * len(modes))
-  for d in names + ["all"]:
-    cells = []
-    for m in modes:
-      rs = [r for r in rows if r["mode"] == m and (d == "all" or r["dataset"] == d)]
-      tps = statistics.median(r["tokens_per_second"] for r in rs)
-      tpf = statistics.median(r["tokens_per_target_forward"] for r in rs)
-      summary[f"{d}/{m}"] = {"tokens_per_second": tps, "tokens_per_target_forward": tpf}
-      cells += [f"{tps:.2f}", f"{tpf:.2f}"]
-    print(f"| {d} | " + " | ".join(cells) + " |")
-  if "ar" in modes:
-    ar_tps = summary["all/ar"]["tokens_per_second"]
+    fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
+  all_modes = modes + (["hf-ar", "hf-sd"] if args.peer == "hf" else [])
+  base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
+          "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size}
+  values = args.sweep_values.split(",") if args.sweep_values else None
+  variants = benchmark.make_variants(all_modes, base, args.sweep, values)
+  for v in variants:  # each variant's own fan-out/K must agree before anything runs
+    parse_fan_out(v.opts["fan_out"], v.opts["k"])
+
+  work = tempfile.mkdtemp(prefix="ssd-bench-") if not args.out_dir else args.out_dir
+  os.makedirs(work, exist_ok=True)
+  peer, peer_info = (load_peer(pipe, args, work) if args.peer == "hf" else (None, None))
+  run = Runner(pipe, peer, args)
+  ids = {d: [pipe.encode_prompt(p) for p in ps] for d, ps in prompt_sets.items()}
+  group = max(v.opts["batch_size"] for v in variants)
+
+  warmup = {}
+  first = ids[names[0]]
+  for v in variants:  # compile every program and touch every buffer before the clock matters
+    t = time.perf_counter()
+    _, comp = run(v, first[: v.opts["batch_size"]])
+    warmup[v.label] = {"wall_seconds": round(time.perf_counter() - t, 3), "compile_seconds": round(comp, 3)}
+    print(f"[bench] warm-up {v.label}: {warmup[v.label]['wall_seconds']:.1f} s (compile {comp:.1f} s)",
+          file=sys.stderr, flush=True)
+
+  plan = [(d, g, v, ids[d][b: b + v.opts["batch_size"]], list(range(b, min(b + v.opts["batch_size"], len(ids[d])))))
+          for d in names for g in range(0, len(ids[d]), group) for v in variants
+          for b in range(g, min(g + group, len(ids[d])), v.opts["batch_size"])]
+  runs = []
+  t_start = time.perf_counter()
+  for n, (d, _, v, batch, idx) in enumerate(plan, 1):
+    rows, comp = run(v, batch)
+    rec = benchmark.run_record(d, v, idx, rows, comp)
+    runs.append(rec)
+    el = time.perf_counter() - t_start
+    s0 = rows[0]["stats"]
+    extra = (f", hits {s0['cache_hit_rate']:.2f}, target idle {s0['target_idle_seconds']:.2f} s"
+             if "cache_hit_rate" in s0 else "")
+    tps = rec["decode_tokens"] / rec["decode_seconds"] if rec["decode_seconds"] > 0 else 0.0
+    print(f"[bench {n}/{len(plan)} {el:.0f}s, eta {el / n * (len(plan) - n):.0f}s] {d}{idx} {v.label}: "
+          f"{tps:.2f} tok/s, {rec['new_tokens'] / max(rec['target_forwards'], 1):.2f} tok/fwd{extra}",
+          file=sys.stderr, flush=True)
+
+  result = {"schema": benchmark.SCHEMA, "environment": environment(pipe), "args": vars(args), "datasets": names,
+            "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
+                         for v in variants],
+            "warmup": warmup, "runs": runs, "peer": peer_info}
+  result["summary"] = benchmark.summarize(runs, variants, names)
+  result["fan_out_fit"] = benchmark.fan_out_fit(result)
+  if "ar" in modes and args.bandwidth and not args.tiny:
+    import jax
+    bw = streaming_bandwidth_gbs()
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
+    ar = next(v for v in variants if v.mode == "ar")
+    ar_tps = result["summary"]["by_variant"][ar.label]["all"]["tokens_per_second"]
     limit_ms = weight_bytes / (bw * 1e9) * 1e3
-    print(f"\nAR: {1e3 / ar_tps:.1f} ms/token; weights {weight_bytes / 1e6:.0f} MB at measured {bw:.1f} GB/s "
-          f"=> bandwidth limit {limit_ms:.1f} ms/token; AR reaches {limit_ms * ar_tps / 1e3:.0%} of it")
-    summary["ar_bandwidth"] = {"stream_gbs": bw, "weight_bytes": weight_bytes, "limit_ms": limit_ms,
-                               "fraction_of_limit": limit_ms * ar_tps / 1e3}
-  for a, b in (("sd", "ar"), ("ssd", "ar"), ("ssd", "sd")):
-    if a in modes and b in modes:
-      ratios = {d: summary[f"{d}/{a}"]["tokens_per_second"] / summary[f"{d}/{b}"]["tokens_per_second"]
-                for d in names + ["all"]}
-      summary[f"{a}/{b}"] = ratios
-      print(f"{a.upper()}/{b.upper()}: " + ", ".join(f"{d} {r:.2f}x" for d, r in ratios.items()))
-  if "ssd" in modes:
-    rs = [r for r in rows if r["mode"] == "ssd"]
-    summary["ssd_cache_hit_rate"] = statistics.median(r["cache_hit_rate"] for r in rs)
-    summary["ssd_target_idle_fraction"] = statistics.median(r["target_idle_seconds"] / r["decode_seconds"]
-                                                            for r in rs if r["decode_seconds"] > 0)
-    print(f"SSD cache hit rate (median) {summary['ssd_cache_hit_rate']:.2f}; target idle fraction "
-          f"{summary['ssd_target_idle_fraction']:.2f}")
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  print(f"peak resident memory: {peak:.0f} MB")
-  summary["peak_rss_mb"] = peak
-  if args.json_out:
-    with open(args.json_out, "w") as f:
-      json.dump({"args": vars(args), "rows": rows, "summary": summary}, f, indent=1)
+    result["ar_bandwidth"] = {"stream_gbs": bw, "weight_bytes": weight_bytes, "limit_ms": limit_ms,
+                              "ar_ms_per_token": 1e3 / ar_tps, "fraction_of_limit": limit_ms * ar_tps / 1e3}
+  result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  table = benchmark.markdown(result)
+  print("\n" + table)
+  if "ar_bandwidth" in result:
+    b = result["ar_bandwidth"]
+    print(f"\nAR: {b['ar_ms_per_token']:.1f} ms/token; weights {b['weight_bytes'] / 1e6:.0f} MB at measured "
+          f"{b['stream_gbs']:.1f} GB/s => bandwidth limit {b['limit_ms']:.1f} ms/token ({b['fraction_of_limit']:.0%})")
+  print(f"peak resident memory: {result['peak_rss_mb']:.0f} MB")
+
+  if args.out_dir:
+    from ssd_jax import bench_plots
+    try:
+      result["plots"] = [os.path.basename(p) for p in bench_plots.write_plots(result, args.out_dir)]
+      print(f"plots: {', '.join(result['plots'])} in {args.out_dir}")
+    except ImportError:
+      result["plots"] = []
+      print("plots skipped: matplotlib is not installed (pip install -e \".[bench]\")")
+    with open(os.path.join(args.out_dir, "bench.md"), "w") as f:
+      f.write(table + "\n")
+  else:
+    print("plots skipped: no --out-dir")
+  json_out = args.json_out or (os.path.join(args.out_dir, "bench.json") if args.out_dir else None)
+  if json_out:
+    with open(json_out, "w") as f:
+      json.dump(result, f, indent=1)
   return 0
 
 

@@ -1,0 +1,224 @@
+"""scripts/bench.py: a tiny-pair smoke run (JSON schema, figures recomputed from the runs), the summary arithmetic,
+sweeps, plots, and the Hugging Face export of a reduced-vocabulary draft."""
+import importlib.util
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ssd_jax import benchmark
+from ssd_jax.cli_util import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench_module():
+  spec = importlib.util.spec_from_file_location("bench_script", os.path.join(ROOT, "scripts", "bench.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+  return _bench_module()
+
+
+@pytest.fixture(scope="module")
+def smoke(bench, tmp_path_factory):
+  """One tiny-pair bench run of AR, SD and SSD over two prompts; returns (result JSON, out dir, stdout)."""
+  tmp = tmp_path_factory.mktemp("bench")
+  prompts = tmp / "tiny.jsonl"
+  prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["Say hi.", "What is 3+4?"]) + "\n")
+  out = tmp / "out"
+  import contextlib
+  import io
+  buf = io.StringIO()
+  with contextlib.redirect_stdout(buf):
+    code = bench.main(["--tiny", "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8",
+                       "--k", "2", "--fan-out", "2", "--out-dir", str(out)])
+  assert code == 0
+  return json.loads((out / "bench.json").read_text()), out, buf.getvalue()
+
+
+def test_smoke_schema(smoke):
+  res, out, stdout = smoke
+  assert res["schema"] == benchmark.SCHEMA
+  for key in ("environment", "args", "datasets", "variants", "warmup", "runs", "summary", "peak_rss_mb"):
+    assert key in res
+  assert res["datasets"] == ["tiny"]
+  assert [v["label"] for v in res["variants"]] == ["ar", "sd", "ssd"]
+  assert set(res["warmup"]) == {"ar", "sd", "ssd"}
+  assert all(w["compile_seconds"] > 0 for w in res["warmup"].values())  # compiled in the warm-up, not the runs
+  assert len(res["runs"]) == 6  # 2 prompts x 3 modes, interleaved prompt by prompt
+  assert [r["mode"] for r in res["runs"]] == ["ar", "sd", "ssd"] * 2
+  for r in res["runs"]:
+    for key in ("dataset", "variant", "prompt_indices", "batch_size", "decode_tokens", "decode_seconds",
+                "new_tokens", "target_forwards", "prefill_seconds", "compile_seconds", "rows"):
+      assert key in r
+    assert r["compile_seconds"] == 0  # nothing left to compile after the warm-up
+    (row,) = r["rows"]
+    assert len(row["token_ids"]) == 8 and row["stats"]["new_tokens"] == 8
+  for lab in ("ar", "sd", "ssd"):
+    for d in ("tiny", "all"):
+      assert res["summary"]["by_variant"][lab][d]["tokens_per_second"] > 0
+  ssd = res["summary"]["by_variant"]["ssd"]["all"]
+  assert 0 <= ssd["cache_hit_rate"] <= 1 and 0 <= ssd["target_idle_fraction"] <= 1
+  for lab in ("sd", "ssd"):
+    assert res["summary"]["by_variant"][lab]["all"]["predicted"]["tokens_per_second"] > 0
+  # Greedy SD and SSD reproduce greedy AR.
+  for name in ("sd vs ar", "ssd vs ar"):
+    rep = res["summary"]["greedy_agreement"][name]
+    assert rep["prompts"] == 2 and rep["identical"] == 2
+  assert (out / "bench.md").exists() and "| tiny |" in stdout
+  assert stdout.count("plots skipped") + stdout.count("plots:") == 1
+
+
+def test_smoke_figures_are_recomputable_from_the_runs(smoke):
+  """Every throughput and ratio equals what the measured times and token counts in the same file give."""
+  res, _, _ = smoke
+  runs = res["runs"]
+  for r in runs:
+    assert r["decode_tokens"] == sum(row["stats"]["new_tokens"] - 1 for row in r["rows"])
+    assert r["decode_seconds"] == max(row["stats"]["decode_seconds"] for row in r["rows"])
+  tps = {}
+  for lab in ("ar", "sd", "ssd"):
+    mine = [r for r in runs if r["variant"] == lab]
+    tps[lab] = sum(r["decode_tokens"] for r in mine) / sum(r["decode_seconds"] for r in mine)
+    fig = res["summary"]["by_variant"][lab]["all"]
+    assert math.isclose(fig["tokens_per_second"], tps[lab], rel_tol=1e-9)
+    assert math.isclose(fig["tokens_per_target_forward"], sum(r["new_tokens"] for r in mine)
+                        / sum(r["target_forwards"] for r in mine), rel_tol=1e-9)
+  ratios = res["summary"]["ratios"]
+  assert set(ratios) == {"sd/ar", "ssd/sd", "ssd/ar"}
+  for name, per in ratios.items():
+    a, b = name.split("/")
+    assert math.isclose(per["all"], tps[a] / tps[b], rel_tol=1e-9)
+    assert math.isclose(per["tiny"], per["all"], rel_tol=1e-9)  # one dataset: the same runs
+
+
+def test_bad_input_fails_before_loading(bench):
+  for argv, msg in ((["--modes", "ar,nonsense"], "unknown mode"), (["--batch-size", "0"], "out of range"),
+                    (["--peer", "hf", "--batch-size", "2"], "batch size 1"),
+                    (["--sweep", "batch", "--num-prompts", "2"], "--num-prompts >= 8"),
+                    (["--sweep-values", "1,2"], "needs --sweep")):
+    with pytest.raises(UsageError, match=msg):
+      bench.main(argv)
+
+
+def _fake_run(dataset, variant, tokens, seconds, forwards, index=0, extra=None, token_ids=None):
+  stats = {"new_tokens": tokens + 1, "decode_seconds": seconds, "target_forwards": forwards,
+           "prefill_seconds": 0.1, **(extra or {})}
+  return benchmark.run_record(dataset, variant, [index], [{"token_ids": token_ids or [1, 2, 3], "stats": stats}])
+
+
+def test_summary_is_a_ratio_of_sums_and_ratios_follow():
+  vs = benchmark.make_variants(["ar", "sd"], {"temperature": 0.0, "k": 2})
+  ar, sd = vs
+  runs = [_fake_run("a", ar, 10, 1.0, 11), _fake_run("a", sd, 12, 1.0, 7), _fake_run("b", ar, 30, 2.0, 31, 1),
+          _fake_run("b", sd, 30, 1.0, 16, 1, token_ids=[1, 2, 4])]
+  s = benchmark.summarize(runs, vs, ["a", "b"])
+  assert s["by_variant"]["ar"]["all"]["tokens_per_second"] == pytest.approx(40 / 3)
+  assert s["by_variant"]["sd"]["all"]["tokens_per_second"] == pytest.approx(42 / 2)
+  assert s["by_variant"]["sd"]["all"]["median_run_tokens_per_second"] == pytest.approx(21)
+  assert s["ratios"]["sd/ar"] == pytest.approx({"a": 1.2, "b": 2.0, "all": 21 / (40 / 3)})
+  assert s["by_variant"]["sd"]["b"]["tokens_per_target_forward"] == pytest.approx(31 / 16)
+  rep = s["greedy_agreement"]["sd vs ar"]
+  assert rep["identical"] == 1 and rep["divergences"] == [{"dataset": "b", "prompt_index": 1,
+                                                           "first_differing_token": 2}]
+
+
+def test_sweep_variants_and_baselines():
+  base = {"k": 2, "fan_out": "3", "temperature": 0.0, "batch_size": 1, "saguaro_c": 1.0}
+  vs = benchmark.make_variants(["ar", "sd", "ssd"], base, "k", ["1", "3"])
+  assert [v.label for v in vs] == ["ar", "sd@k=1", "sd@k=3", "ssd@k=1", "ssd@k=3"]
+  assert vs[3].opts["k"] == 1 and vs[3].opts["fan_out"] == "3"
+  assert benchmark.baseline_of(vs[4], "sd", vs).label == "sd@k=3"  # both swept: the same value
+  assert benchmark.baseline_of(vs[4], "ar", vs).label == "ar"      # AR does not depend on K
+  with pytest.raises(ValueError, match="unknown sweep"):
+    benchmark.make_variants(["ar"], base, "nonsense")
+
+
+def _fan_out_sweep_result():
+  """A synthetic fan-out sweep whose SSD miss rate follows 0.6 F^-0.5 exactly."""
+  base = {"k": 2, "fan_out": "3", "temperature": 0.0, "batch_size": 1, "saguaro_c": 1.0, "backup": "neural"}
+  vs = benchmark.make_variants(["ar", "ssd"], base, "fan-out", ["1", "2", "4", "8"])
+  runs = [_fake_run("a", vs[0], 10, 1.0, 11)]
+  for v in vs[1:]:
+    f = int(v.opts["fan_out"])
+    stats = {"k": 2, "rounds": 11, "acceptance_rate": 0.3, "cache_hit_rate": 1 - 0.6 * f ** -0.5,
+             "target_idle_seconds": 0.1, "draft_wait_seconds": 0.2, "verify_seconds": 0.5,
+             "neural_backup_seconds": 0.1, "backups_used": {"neural": 4}, "backup": "neural"}
+    runs.append(_fake_run("a", v, 12, 1.0 + f / 10, 10, extra=stats))
+  result = {"args": {"sweep": "fan-out", "max_new_tokens": 13, "temperature": 0.0}, "datasets": ["a"],
+            "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
+                         for v in vs], "runs": runs}
+  result["summary"] = benchmark.summarize(runs, vs, ["a"])
+  return result
+
+
+def test_fan_out_sweep_fits_the_power_law():
+  result = _fan_out_sweep_result()
+  fit = benchmark.fan_out_fit(result)
+  assert fit["r"] == pytest.approx(0.5) and fit["c"] == pytest.approx(0.6) and fit["points"] == 4
+  series = benchmark.sweep_series(result)
+  assert [p[0] for p in series["ssd"]] == [1, 2, 4, 8]
+  pred = result["summary"]["by_variant"]["ssd@fan-out=4"]["all"]["predicted"]
+  assert pred["t_primary"] == pytest.approx(1 + 0.2 / 11 / (0.5 / 11))
+  assert "SSD miss rate against fan-out" in benchmark.markdown(dict(result, fan_out_fit=fit))
+
+
+def test_plots_from_a_sweep(tmp_path):
+  pytest.importorskip("matplotlib")
+  from ssd_jax import bench_plots
+  result = _fan_out_sweep_result()
+  paths = bench_plots.write_plots(result, str(tmp_path))
+  names = sorted(os.path.basename(p) for p in paths)
+  assert names == ["hit_rate_vs_fan_out.png", "predicted_vs_measured.png", "speed_by_dataset.png",
+                   "speed_vs_fan-out.png"]
+  assert all(os.path.getsize(p) > 1000 for p in paths)
+
+
+def test_hf_export_of_a_reduced_vocabulary_draft(tmp_path):
+  """The exported draft gives our logits on its own tokens and never prefers another token under greedy argmax."""
+  from ssd_jax import api, checkpoints, hf_export, model
+  pipe = api.load_tiny()
+  d = pipe.draft
+  info = hf_export.export_llama(d.params, d.cfg, str(tmp_path), tokenizer=pipe.tokenizer.tok, eos_id=2)
+  assert info["expanded"] and info["greedy_exact"] and info["fill_token"] == 0
+  hf = json.loads((tmp_path / "config.json").read_text())
+  assert hf["model_type"] == "llama" and hf["vocab_size"] == d.cfg.vocab_size and not hf["tie_word_embeddings"]
+  cfg, params = checkpoints.read_hf_safetensors(str(tmp_path), progress=False)  # our reader of HF directories
+  assert cfg.head_vocab is None and cfg.vocab_size == d.cfg.vocab_size
+  # Text with tokens outside the draft's vocabulary (Latin-1 bytes) as inputs as well.
+  toks = jnp.asarray(np.random.default_rng(0).integers(0, d.cfg.vocab_size, (3, 12)), jnp.int32)
+  ours = model.forward_full(d.params, toks, d.cfg)      # [B, T, head_vocab]
+  full = model.forward_full(jax.device_put(params), toks, cfg)  # [B, T, V]
+  head_ids = np.asarray(d.params["head_ids"])
+  np.testing.assert_allclose(np.asarray(full)[..., head_ids], np.asarray(ours), rtol=1e-5, atol=1e-5)
+  unknown = np.setdiff1d(np.arange(d.cfg.vocab_size), head_ids)
+  np.testing.assert_array_equal(np.asarray(full)[..., unknown], np.asarray(full)[..., :1].repeat(unknown.size, -1))
+  ours_greedy = head_ids[np.asarray(jnp.argmax(ours, -1))]
+  np.testing.assert_array_equal(np.asarray(jnp.argmax(full, -1)), ours_greedy)
+
+
+def test_hf_peer_greedy_equals_ours(tmp_path):
+  """transformers' AR and assisted generation on the exported tiny pair give our greedy tokens (needs torch)."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  from ssd_jax import api, hf_export
+  from ssd_jax.hf_peer import HFPeer
+  pipe = api.load_tiny()
+  for name, m in (("t", pipe.target), ("d", pipe.draft)):
+    hf_export.export_llama(m.params, m.cfg, str(tmp_path / name), eos_id=2)
+  peer = HFPeer(str(tmp_path / "t"), str(tmp_path / "d"), threads=1)
+  ids = pipe.encode_prompt("Say hi.")
+  want = pipe.generate_ids([ids], mode="ar", max_new_tokens=10, ignore_eos=True)[0].token_ids
+  for mode in ("hf-ar", "hf-sd"):
+    got, stats = peer.generate(ids, mode, 10, k=2)
+    assert got == want, mode
+    assert stats["new_tokens"] == 10 and stats["target_forwards"] >= 1
