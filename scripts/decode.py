@@ -16,6 +16,7 @@ import os
 import sys
 
 
+from ssd_jax import distributed
 from ssd_jax.cli_util import fail, run_main, split_cpu
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
@@ -53,6 +54,7 @@ def parse_args(argv=None):
   p.add_argument("--attention", default="ref", choices=["ref"], help="attention implementation")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
+  distributed.add_arguments(p)
   return p.parse_args(argv)
 
 
@@ -85,7 +87,9 @@ def main(argv=None):
   args = parse_args(argv)
   if args.target_devices < 1 or args.draft_devices not in (0, 1):
     fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
-  split_cpu(max(2, args.target_devices + args.draft_devices))
+  _, nproc, _ = distributed.settings(args.coordinator, args.num_processes, args.process_id)
+  split_cpu(max(2, distributed.local_devices_needed(args.target_devices, args.draft_devices, nproc)))
+  distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device is touched
   from ssd_jax import api
 
   if args.mode not in api.MODES:
@@ -133,11 +137,11 @@ def main(argv=None):
                        fan_out_miss=fan_out_miss, backup=args.backup, saguaro_c=args.saguaro_c)
   if args.stream:
     print()
-  if args.json_out:
+  if args.json_out and distributed.is_main():
     with open(args.json_out, "w", encoding="utf-8") as f:
       for g in gens:
         f.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
-  for i, g in enumerate(gens):
+  for i, g in enumerate(gens if distributed.is_main() else []):
     if not args.stream:
       if len(gens) > 1:
         print(f"=== [{i + 1}] {g.prompt[:70]!r}")
