@@ -54,7 +54,7 @@ def parse_args(argv=None):
   p.add_argument("--target", default="smollm2-135m-instruct", help="target name, checkpoint dir, GGUF or HF dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft)")
   p.add_argument("--tiny", action="store_true", help="a tiny random target and draft (smoke runs, tests)")
-  p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k"])
+  p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k", "backup"])
   p.add_argument("--sweep-values", default=None, help="comma-separated values (default: per sweep, see docs)")
   p.add_argument("--out-dir", help="write bench.json, bench.md and the PNG plots here")
   p.add_argument("--json-out", help="write the JSON result to this file (default: OUT_DIR/bench.json)")

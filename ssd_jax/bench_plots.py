@@ -117,14 +117,14 @@ def speed_vs_sweep(result: dict, path: str) -> bool:
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=mode)
   xs = [p[0] for pts in series.values() for p in pts]
   for v in result["variants"]:
-    if v["sweep_value"] is None:  # modes the sweep does not change: one level for reference
+    if v["sweep_value"] is None and all(isinstance(x, (int, float)) for x in xs):  # unchanged modes: a level
       tps = result["summary"]["by_variant"][v["label"]].get("all", {}).get("tokens_per_second")
       if tps:
         ax.hlines(tps, min(xs), max(xs), linestyles="dotted", label=f"{v['label']} (unchanged)")
   if sweep in ("batch", "fan-out"):
     ax.set_xscale("log", base=2)
   ax.set_xlabel({"batch": "batch size", "fan-out": "fan-out F", "k": "K (draft tokens per round)",
-                 "temperature": "temperature", "saguaro-c": "Saguaro C"}[sweep])
+                 "temperature": "temperature", "saguaro-c": "Saguaro C", "backup": "backup on a miss"}[sweep])
   ax.set_ylabel("decode tokens / s" + (" (all rows of a batch)" if sweep == "batch" else ""))
   ax.set_title(f"Speed against {sweep}")
   ax.legend(fontsize="small")

@@ -27,8 +27,9 @@ SWEEPS = {
     "saguaro-c": ("saguaro_c", ("ssd",), ("0.25", "0.5", "0.75", "1")),
     "batch": ("batch_size", ("ar", "sd", "ssd"), ("1", "2", "4", "8")),
     "k": ("k", ("sd", "ssd", "hf-sd"), ("1", "2", "3", "4", "6")),
+    "backup": ("backup", ("ssd",), ("neural", "fast", "ngram")),
 }
-PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int}
+PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int, "backup": str}
 
 
 @dataclasses.dataclass(frozen=True)
