@@ -51,7 +51,8 @@ def parse_args(argv=None):
   p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
-  p.add_argument("--attention", default="ref", choices=["ref"], help="attention implementation")
+  p.add_argument("--attention", default="ref", choices=["ref", "pallas"],
+                 help="attention implementation: ref (jnp) or pallas (kernels; interpret mode on CPU: slow)")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)

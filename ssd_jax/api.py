@@ -4,6 +4,10 @@
     pipe = ssd_jax.load()                       # SmolLM2-135M-Instruct target (+ the shipped draft when present)
     outs = pipe.generate(["What is the capital of France?"], mode="ar", max_new_tokens=64)
     print(outs[0].text, outs[0].stats)
+
+Attention: `load(..., attn_impl="pallas")` runs every attention (prefill, verify, glue, tree) through the Pallas
+kernels of kernels/masked_attention.py (Triton on GPU, Mosaic on TPU, interpret mode on CPU: slow, same tokens);
+the default "ref" is the pure-jnp reference.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Callable, Sequence
 
 from . import checkpoints
 from .config import ModelConfig
+from .kernels.masked_attention import IMPLS as ATTN_IMPLS
 from .decode import ARDecoder, DecodeOptions
 from .decode.sd import SDDecoder
 from .decode.ssd import SSDDecoder
@@ -46,6 +51,8 @@ class Pipeline:
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
                attn_impl: str = "ref", placement: Placement | None = None):
+    if attn_impl not in ATTN_IMPLS:
+      raise ValueError(f"unknown attention implementation {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
     if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
       raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                        f"({target.cfg.vocab_size}); a draft must share the target's tokenizer")
@@ -149,6 +156,7 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
+  attn_impl: 'ref' (pure jnp) or 'pallas' (the kernels; interpret mode on CPU, slow but the same tokens).
   target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
   the next device (SSD), 0 on the target's first device. Errors say what to do when there are too few devices.
   """
