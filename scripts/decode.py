@@ -61,23 +61,8 @@ def parse_args(argv=None):
 
 def read_prompts(args) -> list[str]:
   if args.prompts:
-    if not os.path.exists(args.prompts):
-      fail(f"prompt file {args.prompts} does not exist")
-    prompts = []
-    with open(args.prompts, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          obj = json.loads(line)
-        except json.JSONDecodeError as e:
-          fail(f"{args.prompts}:{n}: not valid JSON ({e.msg})")
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-          fail(f"{args.prompts}:{n}: expected an object with a string \"prompt\"")
-        prompts.append(obj["prompt"])
-    if not prompts:
-      fail(f"prompt file {args.prompts} holds no prompts")
-    return prompts
+    from ssd_jax.datasets import load_prompt_file
+    return load_prompt_file(args.prompts)  # bad files raise DataError: one line, exit code 2
   prompts = args.prompt or [DEFAULT_PROMPT]
   if any(not p.strip() for p in prompts):
     fail("empty --prompt")
