@@ -53,6 +53,9 @@ def parse_args(argv=None):
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
   p.add_argument("--attention", default="ref", choices=["ref", "pallas"],
                  help="attention implementation: ref (jnp) or pallas (kernels; interpret mode on CPU: slow)")
+  p.add_argument("--ssd-placement", default="devices", choices=["devices", "processes"],
+                 help="SSD: the draft on its own JAX device of this process, or in its own process pinned to its "
+                      "own CPU cores (the target pinned to the others)")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)
@@ -100,7 +103,8 @@ def main(argv=None):
     fail("--stream needs exactly one prompt")
 
   pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention,
-                  target_devices=args.target_devices, draft_devices=args.draft_devices)
+                  target_devices=args.target_devices, draft_devices=args.draft_devices,
+                  ssd_placement=args.ssd_placement)
   if args.mode in ("sd", "ssd") and pipe.draft is None:
     fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   if args.fan_out_strategy == "geometric":

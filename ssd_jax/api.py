@@ -21,10 +21,12 @@ from .kernels.masked_attention import IMPLS as ATTN_IMPLS
 from .decode import ARDecoder, DecodeOptions
 from .decode.sd import SDDecoder
 from .decode.ssd import SSDDecoder
+from .decode.ssd_split import SplitSSDDecoder
 from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
 
 MODES = ("ar", "sd", "ssd")
+SSD_PLACEMENTS = ("devices", "processes")
 PLANNED_MODES = ()
 
 
@@ -50,7 +52,10 @@ class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
-               attn_impl: str = "ref", placement: Placement | None = None):
+               attn_impl: str = "ref", placement: Placement | None = None, ssd_placement: str = "devices"):
+    if ssd_placement not in SSD_PLACEMENTS:
+      raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
+    self.ssd_placement = ssd_placement
     if attn_impl not in ATTN_IMPLS:
       raise ValueError(f"unknown attention implementation {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
     if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
@@ -82,6 +87,9 @@ class Pipeline:
       if mode == "sd":
         dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl,
                         placement=self.placement)
+      elif self.ssd_placement == "processes":
+        dec = SplitSSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
+                              self.attn_impl, fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c)
       else:
         dec = SSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
                          self.attn_impl, placement=self.placement, fan_out_miss=fan_out_miss, backup=backup,
@@ -152,14 +160,19 @@ class Pipeline:
 
 
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "ref",
-         target_devices: int = 1, draft_devices: int = 1) -> Pipeline:
+         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "devices") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
   attn_impl: 'ref' (pure jnp) or 'pallas' (the kernels; interpret mode on CPU, slow but the same tokens).
   target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
   the next device (SSD), 0 on the target's first device. Errors say what to do when there are too few devices.
+  ssd_placement: 'devices' (SSD's draft on its own JAX device of this process) or 'processes' (the draft in a
+  child process pinned to its own CPU cores, the target pinned to the others while decoding: on a CPU, in-process
+  devices share one thread pool, so this is the placement that gives the draft hardware of its own).
   """
+  if ssd_placement not in SSD_PLACEMENTS:
+    raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
   placement = make_placement(target_devices, draft_devices)
   tcfg, tparams, tok = checkpoints.load_model(target)
   if tok is None:
@@ -172,7 +185,7 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
       d = LoadedModel(dcfg, dparams, os.path.abspath(path))
     elif draft != "default":
       raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
-  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement)
+  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
 
 
 def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1) -> Pipeline:

@@ -1,0 +1,83 @@
+"""SSD with the draft in its own process on its own cores (decode/ssd_split.py): same tokens, same distribution."""
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from ssd_jax import model
+from ssd_jax.config import tiny_config
+from ssd_jax.decode import ARDecoder, DecodeOptions
+from ssd_jax.decode.ssd_split import SplitSSDDecoder, split_cores
+
+from test_sd import PROMPTS, _perturbed, assert_joint_matches_target
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+
+
+@pytest.fixture(scope="module")
+def pair():
+  cfg = tiny_config(vocab_size=64)
+  return cfg, model.init_params(jax.random.key(7), cfg, scale=0.3)
+
+
+@pytest.mark.parametrize("backup,reduced", [("neural", True), ("ngram", False)])
+def test_split_greedy_equals_ar(pair, backup, reduced):
+  """Token for token equal to AR, batch of ragged prompts, with a reduced-vocabulary draft (q travels compacted)
+  and with a fast backup (q travels over the full vocabulary)."""
+  cfg, tp = pair
+  if reduced:
+    dcfg = tiny_config(vocab_size=64, head_vocab=40)
+    dp = model.init_params(jax.random.key(3), dcfg, scale=0.3)
+  else:
+    dcfg, dp = cfg, _perturbed(tp, 0.06, 1)
+  opts = DecodeOptions(max_new_tokens=21, ignore_eos=True)
+  want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
+  dec = SplitSSDDecoder(cfg, tp, dcfg, dp, k=3, fan_out=(3, 2, 2, 3), backup=backup)
+  try:
+    affinity = os.sched_getaffinity(0)
+    res = dec.generate(PROMPTS, opts)
+    assert os.sched_getaffinity(0) == affinity  # the caller's affinity is restored
+    assert [r.token_ids for r in res] == want
+    ex = res[0].stats.extra
+    assert ex["placement"]["kind"] == "processes"
+    assert set(ex["placement"]["target_cores"]).isdisjoint(ex["placement"]["draft_cores"])
+    assert ex["backups_used"][backup] >= 1
+    q_bytes = 4 * len(PROMPTS) * 3 * (40 if reduced else 64)
+    assert ex["bytes_per_round"]["draft_to_target"] >= q_bytes
+    # A second call reuses the same draft process.
+    assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]
+  finally:
+    dec.close()
+
+
+def test_split_temperature_one_matches_target_joint_distribution():
+  """Hits, neural-backup misses, and q compacted to a reduced head vocabulary: still the target's distribution."""
+  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
+  tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
+  dcfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, head_vocab=3)
+  # The perturbed target, its output restricted to tokens 0..2 (token 3 only ever comes from the residual).
+  near = _perturbed(tp, 0.5, 5)
+  dp = dict(model.init_params(jax.random.key(12), dcfg), layers=near["layers"], final_norm=near["final_norm"],
+            embed=near["embed"][:3])
+  prompt = [1, 2, 0]
+  dec = SplitSSDDecoder(cfg, tp, dcfg, dp, k=1, fan_out=2)
+  try:
+    res = dec.generate([prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
+  finally:
+    dec.close()
+  hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
+  assert 0.05 < hr < 0.98  # both hit and miss rounds contribute (thousands of each)
+  assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
+
+
+def test_split_cores_validation():
+  cores = sorted(os.sched_getaffinity(0))
+  t, d = split_cores()
+  assert t and d and not set(t) & set(d) and sorted(t + d) == cores
+  with pytest.raises(ValueError, match="disjoint"):
+    split_cores([cores[0]], [cores[0]])
+  with pytest.raises(ValueError, match="not usable"):
+    split_cores([cores[0]], [10_000])
+  with pytest.raises(ValueError, match="both"):
+    split_cores([cores[0]], None)
