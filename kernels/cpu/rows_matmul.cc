@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include <omp.h>
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -26,6 +28,14 @@ inline float hsum(v8 v) {
   float s = 0.f;
   for (int i = 0; i < 8; ++i) s += v[i];
   return s;
+}
+
+// Threads for one call: the cores the calling thread may use now (libgomp reads its affinity on each call). When
+// the process is pinned to one core (SSD's split placement), the kernels then run on one thread instead of making
+// OpenMP threads take turns on that core.
+int Threads() {
+  const int n = omp_get_num_procs();
+  return n < 1 ? 1 : n;
 }
 
 int64_t Rows(const ffi::Buffer<ffi::F32>& x) {
@@ -106,7 +116,7 @@ ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> e, ffi
   float* Y = y->typed_data();
   if (M > 16) return ffi::Error::InvalidArgument("at most 16 rows");
   constexpr int64_t NB = 1024;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(Threads())
   for (int64_t n0 = 0; n0 < N; n0 += NB) {
     const int64_t n1 = (n0 + NB < N) ? n0 + NB : N;
     SSD_ROWS_CASES(DotRows, X, E, Y, K, N, n0, n1)
@@ -126,7 +136,8 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
   std::memset(Y, 0, sizeof(float) * M * N);
   constexpr int kParts = 2;
   std::vector<float> part(static_cast<size_t>(M * N), 0.f);
-#pragma omp parallel for schedule(static) num_threads(kParts)
+  const int threads = Threads() < kParts ? Threads() : kParts;
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int p = 0; p < kParts; ++p) {
     const int64_t k0 = K * p / kParts, k1 = K * (p + 1) / kParts;
     float* dst = p == 0 ? Y : part.data();
