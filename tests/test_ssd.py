@@ -51,7 +51,8 @@ def test_tree_branches_equal_plain_forward(head_vocab):
       start = len(texts[r]) + j  # position of the candidate token
       for d in range(k):
         want = np.asarray(model.scatter_to_vocab(params, jnp.asarray(probs[start + d]), cfg))
-        np.testing.assert_allclose(tree_q[r, n, d], want, rtol=1e-4, atol=1e-6)
+        got = np.asarray(model.scatter_to_vocab(params, jnp.asarray(tree_q[r, n, d]), cfg))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     # The fork picks the top-F of the glue distribution (drafted token excluded).
     for j in range(k + 1):
       p = np.asarray(model.scatter_to_vocab(params, jnp.asarray(full_g[len(texts[r]) - 1 + j]), cfg)).copy()

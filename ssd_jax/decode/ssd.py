@@ -46,7 +46,11 @@ def tree_lookahead(k: int, fan_out: tuple) -> int:
                    donate_argnames=("cache",))
 def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
                k: int, fan_out: tuple, attn_impl: str = "ref", saguaro_top: int = 0):
-  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V], g, cache), N = sum(fan_out).
+  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], g, cache), N = sum(fan_out).
+
+  tree_q holds each tree token's exact distribution over the draft's output rows (its head vocabulary, where all of
+  a draft distribution's mass lies): the speculation cache stores V_out, not V, floats per token, and `serve_q`
+  expands only the one speculation a round serves.
 
   last2: [B, 2] the last two committed tokens (x_{L-1}, x_L); spec: [B, K] the speculation being verified;
   lengths: [B] L; fan_out: (F_0..F_K) guesses per acceptance length. Static: cfg, k, fan_out (the tree's shape),
@@ -92,13 +96,19 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
     tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
     tok = model.to_token_ids(params, tok, cfg)
     out_t = out_t.at[:, :, d].set(tok)
-    out_q = out_q.at[:, :, d].set(model.scatter_to_vocab(params, probs, cfg))
+    out_q = out_q.at[:, :, d].set(probs)
     return cache, tok, out_t, out_q
 
   out_t = jnp.zeros((b, n, k), jnp.int32)
-  out_q = jnp.zeros((b, n, k, cfg.vocab_size), jnp.float32)
+  out_q = jnp.zeros((b, n, k, cfg.out_vocab), jnp.float32)
   cache, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, out_t, out_q))
   return cand, branch_j, out_t, out_q, probs_g, cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def serve_q(params, q_out, cfg: ModelConfig):
+  """Returns a served speculation's distributions over the full vocabulary [B, K, V] from [B, K, V_out]."""
+  return model.scatter_to_vocab(params, q_out, cfg)
 
 
 @jax.jit
@@ -243,7 +253,8 @@ class SSDDecoder:
         (verify, (self.tparams, tcache, z_t, on_t(jnp.zeros((b, k), jnp.int32)),
                   on_t(jnp.zeros((b, k, tcfg.vocab_size))), on_t(z_t > 0), on_t(key), temp_t, top_p_t), st_t),
         (lookup, (on_d(jnp.zeros((b, n), jnp.int32)), on_d(jnp.zeros((n,), jnp.int32)),
-                  on_d(jnp.zeros((b, n, k), jnp.int32)), on_d(jnp.zeros((b, n, k, dcfg.vocab_size))), z_d, z_d), {}),
+                  on_d(jnp.zeros((b, n, k), jnp.int32)), on_d(jnp.zeros((b, n, k, dcfg.out_vocab))), z_d, z_d), {}),
+        (serve_q, (self.dparams, on_d(jnp.zeros((b, k, dcfg.out_vocab)))), dict(cfg=dcfg)),
         (merge_rows, (z_d > 0, on_d(jnp.zeros((b, k), jnp.int32)), on_d(jnp.zeros((b, k, dcfg.vocab_size))),
                       on_d(jnp.zeros((b, k), jnp.int32)), on_d(jnp.zeros((b, k, dcfg.vocab_size)))), {})):
       run.compile_only(fn, *args, **kw)
@@ -258,6 +269,7 @@ class SSDDecoder:
     hits_by_len = np.zeros((b, k + 1), np.int64)
     rounds_by_len = np.zeros((b, k + 1), np.int64)
     t_idle = t_draft_wait = 0.0
+    cache_bytes = 0  # the speculation cache: candidates, tree tokens and their distributions
     if stream is not None:
       stream(0, book.out[0][:])
 
@@ -333,6 +345,8 @@ class SSDDecoder:
       last2, lens = book.state()
       hit, c_tok, c_q = run(lookup, cand, branch_j, tree_t, tree_q, on_d(jnp.asarray(acc_np)),
                             on_d(jnp.asarray(bonus_np)))
+      c_q = run(serve_q, self.dparams, c_q, cfg=dcfg)
+      cache_bytes = max(cache_bytes, sum(x.nbytes for x in (cand, tree_t, tree_q)))
       if self.record_ranks:
         rk = np.asarray(bonus_rank(self.dparams, glue_g, spec, on_d(jnp.asarray(acc_np)), on_d(jnp.asarray(bonus_np)),
                                    cfg=dcfg))
@@ -360,6 +374,7 @@ class SSDDecoder:
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),
               # dispatch of verify to its result, and the neural backup's time (the timing model's t_backup)
               "verify_seconds": round(tally["verify_s"], 4), "neural_backup_seconds": round(tally["neural_s"], 4),
+              "speculation_cache_bytes": int(cache_bytes),
               "compile_seconds": round(run.compile_seconds, 3), "devices": {"target": self.tdevs, "draft": self.ddev.id}}
 
     return book.results(self.mode, t_prefill, t0 + t_prefill, extra_of)

@@ -39,7 +39,7 @@ from ..timing_model import neural_backup_better
 from .ar import first_tokens
 from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 from .sd import check_pair, draft_propose, verify
-from .ssd import SSDDecoder, draft_tree, lookup, merge_rows, tree_lookahead
+from .ssd import SSDDecoder, draft_tree, lookup, merge_rows, serve_q, tree_lookahead
 
 
 def set_process_affinity(cores) -> None:
@@ -327,7 +327,8 @@ class _DraftSide:
                        self.sag_c, **st, k=k, fan_out=f, **sag)
     zq = put(jnp.zeros((b, k, cfg.vocab_size)))
     run.compile_only(lookup, put(jnp.zeros((b, n), jnp.int32)), put(jnp.zeros((n,), jnp.int32)),
-                     put(jnp.zeros((b, n, k), jnp.int32)), put(jnp.zeros((b, n, k, cfg.vocab_size))), z, z)
+                     put(jnp.zeros((b, n, k), jnp.int32)), put(jnp.zeros((b, n, k, cfg.out_vocab))), z, z)
+    run.compile_only(serve_q, self.params, put(jnp.zeros((b, k, cfg.out_vocab))), cfg=cfg)
     run.compile_only(merge_rows, z > 0, zk, zq, zk, zq)
     if cfg.head_vocab is not None:
       run.compile_only(_compact_q, zq, self.params["head_ids"])
@@ -375,12 +376,12 @@ class _DraftSide:
       tok, q = run(merge_rows, hit, cached[0], cached[1], tok, q)
     return tok, q
 
-  def _serve(self, tok, q, full_q: bool, rnd: int):
+  def _serve(self, tok, q, full_q: bool, rnd: int, compact: bool = False):
     """Returns the reply carrying the speculation, and dispatches the next tree on it before returning (it runs
-    while the target verifies). q travels over the draft's head vocabulary, unless `full_q`: a fast backup's q
-    (uniform, or a point mass on an n-gram token) may put mass outside it."""
+    while the target verifies). q travels over the draft's head vocabulary (`compact`: it already is), unless
+    `full_q`: a fast backup's q (uniform, or a point mass on an n-gram token) may put mass outside it."""
     tok_np = np.asarray(tok)
-    if self.cfg.head_vocab is not None and not full_q:
+    if self.cfg.head_vocab is not None and not full_q and not compact:
       q_np = np.asarray(self.run(_compact_q, q, self.params["head_ids"]))
     else:
       q_np = np.asarray(q)
@@ -443,10 +444,11 @@ class _DraftSide:
       self.hits[i] += hit_np[i]
       self.rounds_by_len[i, acc[i]] += 1
       self.hits_by_len[i, acc[i]] += hit_np[i]
-    if hit_np[~self.book.done].all():
+    if hit_np[~self.book.done].all():  # the cache stores q over the head vocabulary: it travels as it is
       self.served = "hit"
-      return self._serve(c_tok, c_q, False, self.rnd)
+      return self._serve(c_tok, c_q, False, self.rnd, compact=True)
     self.served = self._backup_kind()
+    c_q = self.run(serve_q, self.params, c_q, cfg=self.cfg)
     tok, q = self._run_backup(self.served, self.rnd, hit, (c_tok, c_q))
     return self._serve(tok, q, self.served in ("fast", "ngram"), self.rnd)
 
