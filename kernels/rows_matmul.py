@@ -16,6 +16,8 @@ import threading
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu", "rows_matmul.cc")
 _LOCK = threading.Lock()
@@ -73,11 +75,54 @@ def ref_rows_matmul(x, w, transposed: bool = False):
   return jnp.einsum("...k,nk->...n", x, w) if transposed else x @ w
 
 
-def _ffi(x, w, transposed: bool):
+def _ffi_local(x, w, transposed: bool):
   n = w.shape[0] if transposed else w.shape[1]
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
   name = "ssd_rows_matmul_t" if transposed else "ssd_rows_matmul"
   return jax.ffi.ffi_call(name, out)(x, w)
+
+
+def _tp_specs(transposed: bool, x_ndim: int, w_sharding):
+  """Returns (x spec, w spec, out spec, contracted mesh axis) for weights sharded as `w_sharding`.
+
+  Output columns follow the weights' output axis; a sharded contraction axis splits x the same way and is summed.
+  """
+  w_spec = (tuple(w_sharding.spec) + (None, None))[:2]
+  n_ax, k_ax = (w_spec[0], w_spec[1]) if transposed else (w_spec[1], w_spec[0])
+  lead = (None,) * (x_ndim - 1)
+  return P(*lead, k_ax), P(*w_spec), P(*lead, n_ax), k_ax
+
+
+def _partitioned(transposed: bool):
+  """Returns the kernel call with a sharding rule: on a tensor-parallel mesh each device multiplies its own shard of
+  the weights (without it XLA would all-gather the full weight matrix onto every device before the custom call)."""
+
+  @custom_partitioning
+  def call(x, w):
+    return _ffi_local(x, w, transposed)
+
+  def infer(mesh, arg_shapes, result_shape):
+    return NamedSharding(mesh, _tp_specs(transposed, len(arg_shapes[0].shape), arg_shapes[1].sharding)[2])
+
+  def partition(mesh, arg_shapes, result_shape):
+    xs, ws, outs, k_ax = _tp_specs(transposed, len(arg_shapes[0].shape), arg_shapes[1].sharding)
+
+    def lower(x, w):
+      y = _ffi_local(x, w, transposed)
+      return jax.lax.psum(y, k_ax) if k_ax is not None else y
+
+    return mesh, lower, NamedSharding(mesh, outs), (NamedSharding(mesh, xs), NamedSharding(mesh, ws))
+
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                     sharding_rule="... k, n k -> ... n" if transposed else "... k, k n -> ... n")
+  return call
+
+
+_PARTITIONED = {False: _partitioned(False), True: _partitioned(True)}
+
+
+def _ffi(x, w, transposed: bool):
+  return _PARTITIONED[transposed](x, w)
 
 
 @jax.custom_vjp
