@@ -269,7 +269,7 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
     dp = max(16, pl.next_power_of_2(d))
   else:
     block_k = block_k or 128
-    bq = min(_round_up(block_q or 128, 8), _round_up(rows, 8))  # sublane multiple
+    bq = min(_round_up(block_q or 128, 16), _round_up(rows, 16))  # a sublane-tile multiple, bf16's (16) included
     dp = d
   rows_p = _round_up(rows, bq)
   nq = rows_p // bq
@@ -286,7 +286,7 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
     split_k = min(max(block_k, (split_k or 512) // block_k * block_k), s_p)
     ns = pl.cdiv(s_p, split_k)
     compiler_params = None
-    if backend == "gpu" and not interpret:
+    if not interpret:  # Triton's parameters also select the Triton lowering (JAX's GPU default is Mosaic GPU)
       from jax.experimental.pallas import triton as plgpu
       compiler_params = plgpu.CompilerParams(num_warps=4, num_stages=2)
     part_shape = (b, g, ns, rows_p)

@@ -147,6 +147,22 @@ def test_greedy_ssd_with_pallas_attention_gives_reference_tokens():
   assert [r.token_ids for r in got] == _greedy_reference(params, cfg, prompts, 8)
 
 
+@pytest.mark.parametrize("kernel,platform", [("triton", "cuda"), ("mosaic", "tpu")])
+def test_kernels_lower_for_their_accelerator(kernel, platform):
+  """Cross-platform lowering from this CPU: Pallas turns each kernel into Triton / Mosaic IR at realistic shapes
+  (tree step over GQA 9/3, D=64, bf16; verify over GQA 64/8, D=128, f32). The accelerator's own compiler passes
+  (register / VMEM layouts) only run on the device: see the gpu / tpu tests."""
+  b, s = 2, 1280
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+  for t, h, g, d, dtype, width in [(24, 9, 3, 64, jnp.bfloat16, 24), (8, 64, 8, 128, jnp.float32, 0)]:
+    q, kv = jax.ShapeDtypeStruct((b, t, h, d), dtype), jax.ShapeDtypeStruct((b, s, g, d), dtype)
+    mask = attn.MaskInfo(visible_end=i32(b, t), tree_start=i32(b), tree_branch=i32(b, t), tree_depth=i32(b, t),
+                         tree_width=width)
+    fn = jax.jit(lambda q, k, v, m: attn.pallas_attention(q, k, v, m, kernel=kernel, interpret=False))
+    text = fn.trace(q, kv, kv, mask).lower(lowering_platforms=(platform,)).as_text()
+    assert "masked_attention" in text
+
+
 def _realistic_case(rng, h: int, g: int, prefix: int, dtype):
   """Returns (q, k, v, mask) for one 24-branch tree step (K=7, F=3) over a `prefix`-slot prefix, D = 64."""
   k, fan_out = 7, uniform_fan_out(7, 3)
