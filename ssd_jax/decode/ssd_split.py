@@ -283,6 +283,7 @@ def worker_entry(fd: str, cores: str):
       else:
         reply = getattr(side, kind)(payload)
         conn.send(reply)
+        side.start_tree()  # after the reply: the target verifies while this drafts
     except Exception:
       conn.send(("error", traceback.format_exc()))
 
@@ -377,24 +378,31 @@ class _DraftSide:
     return tok, q
 
   def _serve(self, tok, q, full_q: bool, rnd: int, compact: bool = False):
-    """Returns the reply carrying the speculation, and dispatches the next tree on it before returning (it runs
-    while the target verifies). q travels over the draft's head vocabulary (`compact`: it already is), unless
+    """Returns the reply carrying the speculation, and prepares the tree on it, which `start_tree` dispatches once
+    the reply is sent (so the target never waits for the tree, even where XLA runs a program synchronously). q travels over the draft's head vocabulary (`compact`: it already is), unless
     `full_q`: a fast backup's q (uniform, or a point mass on an n-gram token) may put mass outside it."""
     tok_np = np.asarray(tok)
     if self.cfg.head_vocab is not None and not full_q and not compact:
       q_np = np.asarray(self.run(_compact_q, q, self.params["head_ids"]))
     else:
       q_np = np.asarray(q)
-    last2, lens = self.book.state()
-    fan = self.f if self.served == "hit" else self.f_miss
-    t = time.perf_counter()
-    self.tree = self.run(draft_tree, self.params, self.cache, self._put(last2), tok, self._put(lens),
-                         self._key(rnd + 1, 1), self.temp, self.top_p, self.sag_c, cfg=self.cfg,
-                         attn_impl=self.attn_impl, k=self.k, fan_out=fan, saguaro_top=self.saguaro_top)
-    self.cache = self.tree[-1]
-    self.tree_dispatch = t
+    self.pending_tree = (tok, rnd + 1)
     self.spec_np = tok_np
     return ("spec", {"tokens": tok_np, "q": q_np})
+
+  def start_tree(self):
+    """Dispatches the tree for the speculation just served, if any."""
+    if getattr(self, "pending_tree", None) is None:
+      return
+    tok, rnd = self.pending_tree
+    self.pending_tree = None
+    last2, lens = self.book.state()
+    fan = self.f if self.served == "hit" else self.f_miss
+    self.tree_dispatch = time.perf_counter()
+    self.tree = self.run(draft_tree, self.params, self.cache, self._put(last2), tok, self._put(lens),
+                         self._key(rnd, 1), self.temp, self.top_p, self.sag_c, cfg=self.cfg,
+                         attn_impl=self.attn_impl, k=self.k, fan_out=fan, saguaro_top=self.saguaro_top)
+    self.cache = self.tree[-1]
 
   def first(self, first):
     k = self.k
