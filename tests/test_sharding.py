@@ -115,3 +115,19 @@ def test_target_devices_must_divide_the_processes(monkeypatch):
   monkeypatch.setattr(jax, "process_count", lambda: 3)
   with pytest.raises(ValueError, match="multiple of the number of processes"):
     make_placement(4, 1)
+
+
+@pytest.mark.parametrize("spec", [P(None, "tp"), P("tp", None)])
+def test_few_row_kernel_multiplies_local_shards(spec):
+  # Without a sharding rule XLA all-gathers the weights onto every device before the CPU kernel's custom call.
+  from jax.sharding import NamedSharding
+
+  from ssd_jax.kernels import rows_matmul
+  if not rows_matmul.available():
+    pytest.skip("CPU few-row kernel not built here")
+  mesh = make_placement(4, 0).target_mesh
+  w = jax.device_put(np.ones((32, 64), np.float32), NamedSharding(mesh, spec))
+  x = jax.device_put(np.ones((3, 32), np.float32), NamedSharding(mesh, P()))
+  f = jax.jit(model.dense)
+  assert "all-gather" not in f.lower(x, w).compile().as_text()
+  np.testing.assert_allclose(np.asarray(f(x, w)), np.full((3, 64), 32.0))
