@@ -242,7 +242,8 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
   after the call) or 'mosaic' (TPU layout: grid (B, query blocks, key blocks), merged in VMEM); default 'mosaic' on
   TPU, else 'triton'. interpret: run the kernel in interpret mode (default: on CPU). block_q: query rows (queries x
   the H/G heads of one KV head) per program; block_k: keys per inner step; split_k: cache slots per program (triton
-  only). Static: all keyword arguments, the shapes and mask.tree_width.
+  only; default: enough splits to fill a GPU, 256-1024 slots each). Static: all keyword arguments, the shapes and
+  mask.tree_width.
   Scores accumulate in float32; the probabilities meet V in the compute dtype (bfloat16 for a bfloat16 cache).
   Padding that costs a copy of the cache: S to a multiple of block_k, and for triton D to a power of two >= 16.
   """
@@ -283,7 +284,11 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
   meta_spec = lambda index_map: pl.BlockSpec((None, bq, 1), index_map)  # noqa: E731
 
   if kernel == "triton":
-    split_k = min(max(block_k, (split_k or 512) // block_k * block_k), s_p)
+    if split_k is None:
+      # Enough programs to fill a GPU (about 2 per SM of an H200's 132), but splits long enough that the partial
+      # results written per split stay well below the keys and values it reads. A guess until measured.
+      split_k = min(1024, max(256, pl.cdiv(s_p, pl.cdiv(256, b * g * nq))))
+    split_k = min(max(block_k, split_k // block_k * block_k), s_p)
     ns = pl.cdiv(s_p, split_k)
     compiler_params = None
     if not interpret:  # Triton's parameters also select the Triton lowering (JAX's GPU default is Mosaic GPU)

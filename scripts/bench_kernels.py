@@ -34,9 +34,9 @@ PEAK_GBPS = [("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("A100-S
              ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("TPU v5 lite", 819.0), ("TPU v5p", 2765.0),
              ("TPU v6 lite", 1640.0), ("TPU v4", 1200.0)]
 # Pallas block settings tried on an accelerator (keys per step, cache slots per program); the best is reported.
-GPU_CONFIGS = [dict(block_k=64, split_k=256), dict(block_k=64, split_k=1024),
+GPU_CONFIGS = [dict(), dict(block_k=64, split_k=256), dict(block_k=64, split_k=1024),
                dict(block_k=32, split_k=256, block_q=128)]
-TPU_CONFIGS = [dict(block_k=128), dict(block_k=256), dict(block_k=512)]
+TPU_CONFIGS = [dict(), dict(block_k=256), dict(block_k=512)]
 
 
 def parse_args(argv=None):
@@ -152,10 +152,10 @@ def main(argv=None) -> int:
     want = np.asarray(jax.jit(attn.ref_attention)(q, kc, vc, mask), np.float32)
     base = dict(op=op, heads=f"{h}/{g}", head_dim=d, batch=b, prefix=prefix, cache_slots=kc.shape[1],
                 queries=q.shape[1], prefix_bytes=prefix_bytes)
-    for cfg, prog in [({}, ref)] + pallas:
-      row = dict(base, impl=f"pallas {cfg}" if cfg else "ref")
+    for cfg, prog in [(None, ref)] + pallas:
+      row = dict(base, impl="ref" if cfg is None else f"pallas {cfg or 'defaults'}")
       try:
-        if cfg:
+        if cfg is not None:
           got = np.asarray(attn.pallas_attention(q, kc, vc, mask, **cfg), np.float32)
           row["max_abs_err"] = float(np.abs(got - want).max())
         sec = time_program(prog, (q, kc, vc, mask), iters) / chain
