@@ -48,13 +48,16 @@ def parse_args(argv=None):
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
   p.add_argument("--attention", default="ref", help="attention implementation (ref; others where available)")
+  p.add_argument("--ssd-placement", default="devices", choices=["devices", "processes"],
+                 help="SSD: the draft on its own JAX device of this process (both share the cores), or in its own "
+                      "process pinned to its own cores; --sweep ssd-placement runs both side by side")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1,
                  help="1: the draft on its own device after the target's (SSD); 0: on the target's first device")
   p.add_argument("--target", default="smollm2-135m-instruct", help="target name, checkpoint dir, GGUF or HF dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft)")
   p.add_argument("--tiny", action="store_true", help="a tiny random target and draft (smoke runs, tests)")
-  p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k", "backup"])
+  p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k", "backup", "ssd-placement"])
   p.add_argument("--sweep-values", default=None, help="comma-separated values (default: per sweep, see docs)")
   p.add_argument("--out-dir", help="write bench.json, bench.md and the PNG plots here")
   p.add_argument("--json-out", help="write the JSON result to this file (default: OUT_DIR/bench.json)")
@@ -185,6 +188,7 @@ class Runner:
     from ssd_jax.fan_out import parse_fan_out
     fan_out = parse_fan_out(o["fan_out"], o["k"])
     fan_out_miss = parse_fan_out(o["fan_out_miss"], o["k"]) if o["fan_out_miss"] else None
+    self.pipe.ssd_placement = o["ssd_placement"]
     dec = self.pipe.decoder(variant.mode, o["k"], fan_out, fan_out_miss, o["backup"], o["saguaro_c"])
     before = dec.programs.compile_seconds
     res = self.pipe.generate_ids(ids, mode=variant.mode, batch_size=len(ids), k=o["k"], fan_out=fan_out,
@@ -263,7 +267,8 @@ def main(argv=None):
     fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
   all_modes = modes + (["hf-ar", "hf-sd"] if args.peer == "hf" else [])
   base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
-          "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size}
+          "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
+          "ssd_placement": args.ssd_placement}
   values = args.sweep_values.split(",") if args.sweep_values else None
   variants = benchmark.make_variants(all_modes, base, args.sweep, values)
   for v in variants:  # each variant's own fan-out/K must agree before anything runs

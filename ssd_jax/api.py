@@ -76,7 +76,9 @@ class Pipeline:
   def decoder(self, mode: str, k: int = 4, fan_out=3, fan_out_miss=None, backup: str = "neural",
               saguaro_c: float = 1.0):
     norm = lambda f: tuple(f) if isinstance(f, (list, tuple)) else f
-    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup, saguaro_c)
+    # The SSD placement is part of the key: a caller (the bench) may switch it between calls.
+    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup, saguaro_c,
+           self.ssd_placement if mode == "ssd" else None)
     if key in self._decoders:  # decoders keep their compiled programs
       return self._decoders[key]
     if mode == "ar":

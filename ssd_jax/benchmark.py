@@ -28,8 +28,10 @@ SWEEPS = {
     "batch": ("batch_size", ("ar", "sd", "ssd"), ("1", "2", "4", "8")),
     "k": ("k", ("sd", "ssd", "hf-sd"), ("1", "2", "3", "4", "6")),
     "backup": ("backup", ("ssd",), ("neural", "fast", "ngram")),
+    "ssd-placement": ("ssd_placement", ("ssd",), ("devices", "processes")),
 }
-PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int, "backup": str}
+PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int, "backup": str,
+         "ssd_placement": str}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,8 @@ class Variant:
   """One configuration the bench times: a mode and its options (those a sweep changes differ between variants)."""
 
   mode: str
-  options: tuple  # sorted (name, value) pairs: k, fan_out, fan_out_miss, backup, saguaro_c, temperature, batch_size
+  options: tuple  # sorted (name, value) pairs: k, fan_out, fan_out_miss, backup, saguaro_c, temperature, batch_size,
+  #                 ssd_placement
   sweep_value: str | None = None  # the swept option's value, when the sweep changes this mode
 
   @property

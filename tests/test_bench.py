@@ -222,3 +222,16 @@ def test_hf_peer_greedy_equals_ours(tmp_path):
     got, stats = peer.generate(ids, mode, 10, k=2)
     assert got == want, mode
     assert stats["new_tokens"] == 10 and stats["target_forwards"] >= 1
+
+
+def test_pipeline_keeps_one_decoder_per_ssd_placement():
+  """The bench switches pipe.ssd_placement between variants: each placement must get its own decoder."""
+  from ssd_jax import api
+  pipe = api.load_tiny()
+  pipe.ssd_placement = "devices"
+  on_devices = pipe.decoder("ssd", 2, 2)
+  pipe.ssd_placement = "processes"
+  in_processes = pipe.decoder("ssd", 2, 2)
+  assert type(on_devices).__name__ == "SSDDecoder" and type(in_processes).__name__ == "SplitSSDDecoder"
+  pipe.ssd_placement = "devices"
+  assert pipe.decoder("ssd", 2, 2) is on_devices
