@@ -136,6 +136,11 @@ def check_args(args) -> list[str]:
     fail("--sweep-values needs --sweep")
   if args.peer == "hf" and (args.batch_size != 1 or args.sweep == "batch"):
     fail("--peer hf needs batch size 1: transformers' assisted generation decodes one sequence at a time")
+  if args.peer == "hf":
+    import importlib.util
+    missing = [m for m in ("torch", "transformers", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+      fail(f"--peer hf needs {', '.join(missing)}: pip install -e \".[peer]\"")
   if args.sweep == "batch":
     top = max(int(v) for v in (args.sweep_values or "1,2,4,8").split(","))
     if args.num_prompts < top:

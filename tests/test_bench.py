@@ -108,6 +108,9 @@ def test_bad_input_fails_before_loading(bench):
                     (["--sweep-values", "1,2"], "needs --sweep")):
     with pytest.raises(UsageError, match=msg):
       bench.main(argv)
+  if importlib.util.find_spec("torch") is None:  # CI: the peer extra is never installed there
+    with pytest.raises(UsageError, match=r"pip install -e \"\.\[peer\]\""):
+      bench.main(["--peer", "hf"])
 
 
 def _fake_run(dataset, variant, tokens, seconds, forwards, index=0, extra=None, token_ids=None):
