@@ -57,6 +57,9 @@ def parse_args(argv=None):
   p.add_argument("--target", default="smollm2-135m-instruct", help="target name, checkpoint dir, GGUF or HF dir")
   p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft)")
   p.add_argument("--tiny", action="store_true", help="a tiny random target and draft (smoke runs, tests)")
+  p.add_argument("--baseline-cores", default="all", choices=["all", "target"],
+                 help="target: AR, SD and the peer run pinned to the cores SSD's target gets in the processes "
+                      "placement (half of them), i.e. one core each on a 2-core machine, as the issue's bar asks")
   p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k", "backup", "ssd-placement"])
   p.add_argument("--sweep-values", default=None, help="comma-separated values (default: per sweep, see docs)")
   p.add_argument("--out-dir", help="write bench.json, bench.md and the PNG plots here")
@@ -182,6 +185,17 @@ class Runner:
     self.pipe, self.peer, self.args = pipe, peer, args
 
   def __call__(self, variant, ids):
+    if self.args.baseline_cores == "target" and variant.mode != "ssd":
+      from ssd_jax.decode.ssd_split import set_process_affinity, split_cores
+      saved = os.sched_getaffinity(0)
+      set_process_affinity(split_cores()[0])
+      try:
+        return self._run(variant, ids)
+      finally:
+        set_process_affinity(saved)
+    return self._run(variant, ids)
+
+  def _run(self, variant, ids):
     o = variant.opts
     if variant.mode.startswith("hf-"):
       rows = []
