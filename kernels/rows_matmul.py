@@ -7,6 +7,7 @@ plain jnp products. `ref_rows_matmul` is the reference.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -125,40 +126,25 @@ def _ffi(x, w, transposed: bool):
   return _PARTITIONED[transposed](x, w)
 
 
-@jax.custom_vjp
-def _rows(x, w):
-  return _ffi(x, w, False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rows(x, w, transposed: bool):
+  return _ffi(x, w, transposed)
 
 
-def _rows_fwd(x, w):
-  return _ffi(x, w, False), (x, w)
+def _rows_fwd(x, w, transposed: bool):
+  return _ffi(x, w, transposed), (x, w)
 
 
-def _rows_bwd(res, g):
+def _rows_bwd(transposed: bool, res, g):
   x, w = res
+  if transposed:  # y = x @ w.T with w [N, K]
+    return g @ w, jnp.einsum("...k,...n->nk", x, g)
   return g @ w.T, jnp.einsum("...k,...n->kn", x, g)
 
 
 _rows.defvjp(_rows_fwd, _rows_bwd)
 
 
-@jax.custom_vjp
-def _rows_t(x, e):
-  return _ffi(x, e, True)
-
-
-def _rows_t_fwd(x, e):
-  return _ffi(x, e, True), (x, e)
-
-
-def _rows_t_bwd(res, g):
-  x, e = res
-  return g @ e, jnp.einsum("...k,...n->nk", x, g)
-
-
-_rows_t.defvjp(_rows_t_fwd, _rows_t_bwd)
-
-
 def rows_matmul(x, w, transposed: bool = False):
   """Returns x @ w (or x @ w.T) through the CPU kernel; float32 only (callers check `available()` first)."""
-  return _rows_t(x, w) if transposed else _rows(x, w)
+  return _rows(x, w, transposed)

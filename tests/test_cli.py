@@ -64,27 +64,11 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_draft_tiny_smoke_and_resume(tmp_path):
-  work, out = tmp_path / "work", tmp_path / "draft"
-  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20")
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert "held-out agreement" in r.stderr
-  extra = json.loads((out / "extra.json").read_text())
-  assert extra["train_tokens"] > 0 and 0 <= extra["heldout_agreement"] <= 1
-  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20",
-          "--steps", "4")
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert "resumed from step 3" in r.stderr
-  from ssd_jax import checkpoints
-  cfg, params, tok = checkpoints.load_model(str(out))
-  assert cfg.head_vocab == 512 and tok is not None
-
-
-@pytest.mark.slow
-def test_target_corpus_then_mixed_training(tmp_path):
+def test_target_corpus_then_training_and_resume(tmp_path):
+  """make_target_corpus.py, then train_draft.py on ShareGPT mixed with that corpus, then a resume."""
   import numpy as np
 
-  from ssd_jax import train
+  from ssd_jax import checkpoints, train
   work, out = tmp_path / "work", tmp_path / "draft"
   r = run("make_target_corpus.py", "--tiny", "--out", str(work / "target_answers"))
   assert r.returncode == 0, r.stderr[-2000:]
@@ -96,8 +80,15 @@ def test_target_corpus_then_mixed_training(tmp_path):
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20",
           "--corpus-mix", "0.5")
   assert r.returncode == 0, r.stderr[-2000:]
-  assert "target-answer corpus" in r.stderr
-  assert json.loads((out / "extra.json").read_text())["corpus_mix"] == 0.5
+  assert "target-answer corpus" in r.stderr and "held-out agreement" in r.stderr
+  extra = json.loads((out / "extra.json").read_text())
+  assert extra["train_tokens"] > 0 and 0 <= extra["heldout_agreement"] <= 1 and extra["corpus_mix"] == 0.5
+  r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20",
+          "--corpus-mix", "0.5", "--steps", "4")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "resumed from step 3" in r.stderr
+  cfg, params, tok = checkpoints.load_model(str(out))
+  assert cfg.head_vocab == 512 and tok is not None
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
           str(tmp_path / "missing"))
   assert r.returncode == 2 and "no target-answer corpus" in r.stderr

@@ -196,3 +196,21 @@ def test_bonus_rank():
   assert bonus_rank(params, g, spec, jnp.asarray([0]), jnp.asarray([2]), cfg=cfg).tolist() == [2]
   # k = K: nothing excluded.
   assert bonus_rank(params, g, spec, jnp.asarray([1]), jnp.asarray([3]), cfg=cfg).tolist() == [2]
+
+
+def test_choose_backup_from_tally():
+  from ssd_jax.decode.ssd import choose_backup, new_tally, record_round
+  t = new_tally()
+  assert choose_backup("ngram", t, 1) == "ngram"
+  assert choose_backup("auto", t, 1) == "neural"  # no statistics yet
+  # Hits give 3 tokens, neural-backup rounds 3 tokens at 0.3 verify each: worth it alone, not at batch 256.
+  live = np.ones(4, bool)
+  record_round(t, "hit", live, [[0] * 13] * 4, [10] * 4)
+  record_round(t, "neural", live, [[0] * 13] * 4, [10] * 4)
+  record_round(t, "fast", live, [[0] * 13] * 4, [10] * 4)  # not counted
+  assert t["hit_rounds"] == 4 and t["neural_tokens"] == 12
+  t.update(neural_s=0.3 * 4, verify_s=2.0, verify_n=2)
+  t["hit_rounds"] = 16  # p_hit 0.8
+  t["hit_tokens"] = 48
+  assert choose_backup("auto", t, 1) == "neural"
+  assert choose_backup("auto", t, 256) == "fast"

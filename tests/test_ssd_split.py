@@ -21,16 +21,15 @@ def pair():
   return cfg, model.init_params(jax.random.key(7), cfg, scale=0.3)
 
 
-@pytest.mark.parametrize("backup,reduced", [("neural", True), ("ngram", False)])
-def test_split_greedy_equals_ar(pair, backup, reduced):
-  """Token for token equal to AR, batch of ragged prompts, with a reduced-vocabulary draft (q travels compacted)
-  and with a fast backup (q travels over the full vocabulary)."""
+def test_split_greedy_equals_ar(pair):
+  """Token for token equal to AR, batch of ragged prompts, with a reduced-vocabulary draft: cache hits travel over
+  its head vocabulary, rounds with the n-gram backup over the full vocabulary (an n-gram token may lie outside it).
+  (The neural backup's compaction is covered by the temperature-1 test below.)"""
   cfg, tp = pair
-  if reduced:
-    dcfg = tiny_config(vocab_size=64, head_vocab=40)
-    dp = model.init_params(jax.random.key(3), dcfg, scale=0.3)
-  else:
-    dcfg, dp = cfg, _perturbed(tp, 0.06, 1)
+  backup = "ngram"
+  dcfg = tiny_config(vocab_size=64, head_vocab=40)
+  dp = dict(model.init_params(jax.random.key(3), dcfg), layers=_perturbed(tp, 0.06, 1)["layers"],
+            embed=tp["embed"][:40])
   opts = DecodeOptions(max_new_tokens=21, ignore_eos=True)
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
   dec = SplitSSDDecoder(cfg, tp, dcfg, dp, k=3, fan_out=(3, 2, 2, 3), backup=backup)
@@ -43,8 +42,8 @@ def test_split_greedy_equals_ar(pair, backup, reduced):
     assert ex["placement"]["kind"] == "processes"
     assert set(ex["placement"]["target_cores"]).isdisjoint(ex["placement"]["draft_cores"])
     assert ex["backups_used"][backup] >= 1
-    q_bytes = 4 * len(PROMPTS) * 3 * (40 if reduced else 64)
-    assert ex["bytes_per_round"]["draft_to_target"] >= q_bytes
+    assert ex["cache_hit_rate"] > 0  # both kinds of round happened
+    assert ex["bytes_per_round"]["draft_to_target"] >= 4 * len(PROMPTS) * 3 * 40
     # A second call reuses the same draft process.
     assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]
   finally:

@@ -105,6 +105,36 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
   return cand, branch_j, out_t, out_q, probs_g, cache
 
 
+def new_tally() -> dict:
+  """Running statistics for the automatic backup choice (Theorem 17)."""
+  return {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
+          "verify_s": 0.0, "verify_n": 0}
+
+
+def record_round(tally: dict, served_kind: str, live, seqs, lens_before) -> None:
+  """Counts a verified round's rows and tokens under the kind of speculation it served ('hit' or 'neural')."""
+  if served_kind not in ("hit", "neural"):
+    return
+  for i in np.flatnonzero(live):
+    tally[f"{served_kind}_rounds"] += 1
+    tally[f"{served_kind}_tokens"] += len(seqs[i]) - int(lens_before[i])
+
+
+def choose_backup(setting: str, tally: dict, batch: int) -> str:
+  """Returns the backup for the next miss: `setting` itself, or for 'auto' the Theorem 17 choice from `tally`
+  (times in units of one verify), neural until both kinds of round have been seen twice."""
+  if setting != "auto":
+    return setting
+  if tally["neural_rounds"] < 2 or tally["hit_rounds"] < 2 or tally["verify_n"] < 2:
+    return "neural"  # gather statistics first
+  lookups = tally["hit_rounds"] + tally["neural_rounds"]
+  t_verify = tally["verify_s"] / tally["verify_n"]
+  better = neural_backup_better(batch, tally["hit_rounds"] / lookups, tally["hit_tokens"] / tally["hit_rounds"],
+                                tally["neural_tokens"] / tally["neural_rounds"],
+                                tally["neural_s"] / tally["neural_rounds"] / t_verify)
+  return "neural" if better else "fast"
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def serve_q(params, q_out, cfg: ModelConfig):
   """Returns a served speculation's distributions over the full vocabulary [B, K, V] from [B, K, V_out]."""
@@ -275,21 +305,10 @@ class SSDDecoder:
 
     backups_used = {"neural": 0, "fast": 0, "ngram": 0}
     ranks = [[] for _ in range(b)]
-    # Running statistics for the automatic backup choice (Theorem 17), in units of one verify.
-    tally = {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
-             "verify_s": 0.0, "verify_n": 0}
+    tally = new_tally()
 
     def backup_kind():
-      if self.backup != "auto":
-        return self.backup
-      if tally["neural_rounds"] < 2 or tally["hit_rounds"] < 2 or tally["verify_n"] < 2:
-        return "neural"  # gather statistics first
-      lookups = tally["hit_rounds"] + tally["neural_rounds"]
-      t_verify = tally["verify_s"] / tally["verify_n"]
-      better = neural_backup_better(b, tally["hit_rounds"] / lookups, tally["hit_tokens"] / tally["hit_rounds"],
-                                    tally["neural_tokens"] / tally["neural_rounds"],
-                                    tally["neural_s"] / tally["neural_rounds"] / t_verify)
-      return "neural" if better else "fast"
+      return choose_backup(self.backup, tally, b)
 
     def run_backup(kind, last2, lens, rnd, hit):
       nonlocal dcache
@@ -335,11 +354,7 @@ class SSDDecoder:
       live = ~book.done
       lens_before = lens
       book.commit(acc_np, bonus_np, spec_np, t_verified, stream)
-      for i in np.flatnonzero(live):
-        key_ = "hit" if served_kind == "hit" else ("neural" if served_kind == "neural" else None)
-        if key_ is not None:
-          tally[f"{key_}_rounds"] += 1
-          tally[f"{key_}_tokens"] += len(book.seqs[i]) - int(lens_before[i])
+      record_round(tally, served_kind, live, book.seqs, lens_before)
       if book.done.all():
         break
       last2, lens = book.state()

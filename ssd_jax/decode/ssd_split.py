@@ -35,11 +35,11 @@ from multiprocessing.connection import Connection
 from ..backup import BACKUPS, ngram_propose, point_mass, random_speculation
 from ..config import ModelConfig
 from ..kv_cache import KVCache
-from ..timing_model import neural_backup_better
 from .ar import first_tokens
 from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 from .sd import check_pair, draft_propose, verify
-from .ssd import SSDDecoder, draft_tree, lookup, merge_rows, serve_q, tree_lookahead
+from .ssd import (SSDDecoder, choose_backup, draft_tree, lookup, merge_rows, new_tally, record_round, serve_q,
+                  tree_lookahead)
 
 
 def set_process_affinity(cores) -> None:
@@ -345,17 +345,7 @@ class _DraftSide:
     return self._put(kk)
 
   def _backup_kind(self):
-    t = self.tally
-    if self.backup != "auto":
-      return self.backup
-    if t["neural_rounds"] < 2 or t["hit_rounds"] < 2 or t["verify_n"] < 2:
-      return "neural"
-    lookups = t["hit_rounds"] + t["neural_rounds"]
-    t_verify = t["verify_s"] / t["verify_n"]
-    better = neural_backup_better(self.b, t["hit_rounds"] / lookups, t["hit_tokens"] / t["hit_rounds"],
-                                  t["neural_tokens"] / t["neural_rounds"],
-                                  t["neural_s"] / t["neural_rounds"] / t_verify)
-    return "neural" if better else "fast"
+    return choose_backup(self.backup, self.tally, self.b)
 
   def _run_backup(self, kind, rnd, hit=None, cached=None):
     run, cfg, k = self.run, self.cfg, self.k
@@ -411,8 +401,7 @@ class _DraftSide:
     self.hits_by_len = np.zeros((self.b, k + 1), np.int64)
     self.rounds_by_len = np.zeros((self.b, k + 1), np.int64)
     self.backups_used = {"neural": 0, "fast": 0, "ngram": 0}
-    self.tally = {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
-                  "verify_s": 0.0, "verify_n": 0}
+    self.tally = new_tally()
     self.tree_s = 0.0
     self.rnd = 0
     if self.book.done.all():
@@ -435,11 +424,7 @@ class _DraftSide:
     live = ~self.book.done
     lens_before = self.book.state()[1]
     self.book.commit(acc, bonus, self.spec_np, time.perf_counter())
-    for i in np.flatnonzero(live):
-      key = "hit" if self.served == "hit" else ("neural" if self.served == "neural" else None)
-      if key is not None:
-        self.tally[f"{key}_rounds"] += 1
-        self.tally[f"{key}_tokens"] += len(self.book.seqs[i]) - int(lens_before[i])
+    record_round(self.tally, self.served, live, self.book.seqs, lens_before)
     cand, branch_j, tree_t, tree_q, _, _ = self.tree
     tree_t.block_until_ready()
     self.tree_s += time.perf_counter() - self.tree_dispatch
