@@ -43,6 +43,7 @@ def test_split_greedy_equals_ar(pair):
     assert set(ex["placement"]["target_cores"]).isdisjoint(ex["placement"]["draft_cores"])
     assert ex["backups_used"][backup] >= 1
     assert ex["cache_hit_rate"] > 0  # both kinds of round happened
+    assert ex["speculation_cache_bytes"] >= 4 * len(PROMPTS) * 10 * 3 * 40  # 10 branches x K=3 x 40 head rows
     assert ex["bytes_per_round"]["draft_to_target"] >= 4 * len(PROMPTS) * 3 * 40
     # A second call reuses the same draft process.
     assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]

@@ -105,6 +105,46 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
   return cand, branch_j, out_t, out_q, probs_g, cache
 
 
+def fan_out_tuple(fan_out, k: int, draft_cfg: ModelConfig) -> tuple:
+  """Returns the K+1 per-acceptance-length fan-outs from an int (uniform), a string or a sequence, checked."""
+  if isinstance(fan_out, (int, np.integer)):
+    fan_out = uniform_fan_out(k, int(fan_out))
+  elif isinstance(fan_out, str):
+    fan_out = parse_fan_out(fan_out, k)
+  fan_out = tuple(int(x) for x in fan_out)
+  if len(fan_out) != k + 1 or min(fan_out) < 0 or sum(fan_out) < 1:
+    raise ValueError(f"fan-out must be >= 1, or K+1 = {k + 1} non-negative counts with a positive sum; "
+                     f"got {fan_out}")
+  if max(fan_out) > draft_cfg.out_vocab - 1:
+    raise ValueError(f"fan-out {max(fan_out)} exceeds the draft's vocabulary")
+  return fan_out
+
+
+def ssd_settings(k: int, fan_out, fan_out_miss, backup: str, saguaro_c: float, draft_cfg: ModelConfig):
+  """Returns (fan_out, fan_out_miss, saguaro_top) after checking SSD's options; raises ValueError on bad ones.
+
+  After a miss the served speculation came from the backup (with a fast backup, k = 0 is then likely): the tree may
+  spread its budget differently, but over the same number of branches (the same compiled shapes). Saguaro
+  sampling's rescaled set is the cached candidates plus the drafted token (which the fork excludes).
+  """
+  f = fan_out_tuple(fan_out, k, draft_cfg)
+  f_miss = fan_out_tuple(fan_out_miss, k, draft_cfg) if fan_out_miss is not None else f
+  if sum(f_miss) != sum(f):
+    raise ValueError(f"fan-out after a miss {f_miss} must have the same total as after a hit {f}")
+  if backup not in BACKUPS:
+    raise ValueError(f"unknown backup {backup!r}; choose from {', '.join(BACKUPS)}")
+  if not 0 < saguaro_c <= 1:
+    raise ValueError(f"Saguaro C must be in (0, 1], got {saguaro_c}")
+  return f, f_miss, (0 if saguaro_c == 1 else max(max(f), max(f_miss)) + 1)
+
+
+def hit_stats(hits, hits_by_len, rounds_by_len, i: int) -> dict:
+  """Returns row i's cache hit rate overall and per acceptance length (None where no round had that length)."""
+  return {"cache_hit_rate": round(float(hits[i] / max(rounds_by_len[i].sum(), 1)), 4),
+          "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
+                                     for h, r in zip(hits_by_len[i], rounds_by_len[i])]}
+
+
 def new_tally() -> dict:
   """Running statistics for the automatic backup choice (Theorem 17)."""
   return {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
@@ -190,22 +230,10 @@ class SSDDecoder:
                backup: str = "neural",
                saguaro_c: float = 1.0, record_ranks: bool = False):
     check_pair(target_cfg, draft_cfg, k)
-    self.fan_out = self._fan_out_tuple(fan_out, k, draft_cfg)
-    # After a miss the served speculation came from the backup (with a fast backup, k = 0 is then likely): the
-    # tree may spread its budget differently, but over the same number of branches (the same compiled shapes).
-    self.fan_out_miss = self._fan_out_tuple(fan_out_miss, k, draft_cfg) if fan_out_miss is not None else self.fan_out
-    if sum(self.fan_out_miss) != sum(self.fan_out):
-      raise ValueError(f"fan-out after a miss {self.fan_out_miss} must have the same total as after a hit "
-                       f"{self.fan_out}")
-    if backup not in BACKUPS:
-      raise ValueError(f"unknown backup {backup!r}; choose from {', '.join(BACKUPS)}")
-    self.backup = backup
-    if not 0 < saguaro_c <= 1:
-      raise ValueError(f"Saguaro C must be in (0, 1], got {saguaro_c}")
-    self.saguaro_c = float(saguaro_c)
+    self.fan_out, self.fan_out_miss, self.saguaro_top = ssd_settings(k, fan_out, fan_out_miss, backup, saguaro_c,
+                                                                     draft_cfg)
+    self.backup, self.saguaro_c = backup, float(saguaro_c)
     self.record_ranks = record_ranks  # calibration: keep (accept_len, bonus rank) of every round
-    # Rescaled set = the cached candidates plus the drafted token (which the fork excludes).
-    self.saguaro_top = 0 if saguaro_c == 1 else max(max(self.fan_out), max(self.fan_out_miss)) + 1
     # Default: the target on the first device, the draft on the next one (when the platform has two).
     self.placement = placement or make_placement(1, 1)
     self.ddev = self.placement.draft_device
@@ -214,20 +242,6 @@ class SSDDecoder:
     self.tparams = self.placement.shard_target(target_params, target_cfg)
     self.dparams = jax.device_put(draft_params, self.ddev)
     self.programs = Programs()
-
-  @staticmethod
-  def _fan_out_tuple(fan_out, k: int, draft_cfg: ModelConfig) -> tuple:
-    if isinstance(fan_out, (int, np.integer)):
-      fan_out = uniform_fan_out(k, int(fan_out))
-    elif isinstance(fan_out, str):
-      fan_out = parse_fan_out(fan_out, k)
-    fan_out = tuple(int(x) for x in fan_out)
-    if len(fan_out) != k + 1 or min(fan_out) < 0 or sum(fan_out) < 1:
-      raise ValueError(f"fan-out must be >= 1, or K+1 = {k + 1} non-negative counts with a positive sum; "
-                       f"got {fan_out}")
-    if max(fan_out) > draft_cfg.out_vocab - 1:
-      raise ValueError(f"fan-out {max(fan_out)} exceeds the draft's vocabulary")
-    return fan_out
 
   def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
                ) -> list[DecodeResult]:
@@ -380,12 +394,9 @@ class SSDDecoder:
         spec, q = run_backup(served_kind, last2, lens, rnd, hit)
 
     def extra_of(i):
-      lookups = rounds_by_len[i].sum()
       return {"fan_out": list(f), "fan_out_miss": list(self.fan_out_miss), "backup": self.backup,
               "backups_used": dict(backups_used), **({"bonus_ranks": ranks[i]} if self.record_ranks else {}),
-              "cache_hit_rate": round(float(hits[i] / max(lookups, 1)), 4),
-              "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
-                                         for h, r in zip(hits_by_len[i], rounds_by_len[i])],
+              **hit_stats(hits, hits_by_len, rounds_by_len, i),
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_draft_wait, 4),
               # dispatch of verify to its result, and the neural backup's time (the timing model's t_backup)
               "verify_seconds": round(tally["verify_s"], 4), "neural_backup_seconds": round(tally["neural_s"], 4),

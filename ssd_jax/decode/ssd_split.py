@@ -18,7 +18,6 @@ it just served and waits on the pipe, so its drafting overlaps verification on o
 """
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import subprocess
@@ -32,14 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 from multiprocessing.connection import Connection
 
-from ..backup import BACKUPS, ngram_propose, point_mass, random_speculation
+from ..backup import ngram_propose, point_mass, random_speculation
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from .ar import first_tokens
 from .base import DecodeOptions, DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts, prefill
 from .sd import check_pair, draft_propose, verify
-from .ssd import (SSDDecoder, choose_backup, draft_tree, lookup, merge_rows, new_tally, record_round, serve_q,
-                  tree_lookahead)
+from .ssd import (choose_backup, draft_tree, hit_stats, lookup, merge_rows, new_tally, record_round, serve_q,
+                  ssd_settings, tree_lookahead)
 
 
 def set_process_affinity(cores) -> None:
@@ -80,24 +79,16 @@ class SplitSSDDecoder:
                fan_out=3, attn_impl: str = "ref", fan_out_miss=None, backup: str = "neural",
                saguaro_c: float = 1.0, target_cores=None, draft_cores=None):
     check_pair(target_cfg, draft_cfg, k)
-    self.fan_out = SSDDecoder._fan_out_tuple(fan_out, k, draft_cfg)
-    self.fan_out_miss = (SSDDecoder._fan_out_tuple(fan_out_miss, k, draft_cfg) if fan_out_miss is not None
-                         else self.fan_out)
-    if sum(self.fan_out_miss) != sum(self.fan_out):
-      raise ValueError(f"fan-out after a miss {self.fan_out_miss} must have the same total as after a hit "
-                       f"{self.fan_out}")
-    if backup not in BACKUPS:
-      raise ValueError(f"unknown backup {backup!r}; choose from {', '.join(BACKUPS)}")
-    if not 0 < saguaro_c <= 1:
-      raise ValueError(f"Saguaro C must be in (0, 1], got {saguaro_c}")
+    self.fan_out, self.fan_out_miss, self.saguaro_top = ssd_settings(k, fan_out, fan_out_miss, backup, saguaro_c,
+                                                                     draft_cfg)
     self.target_cores, self.draft_cores = split_cores(target_cores, draft_cores)
     self.tcfg, self.dcfg, self.k, self.attn_impl = target_cfg, draft_cfg, k, attn_impl
     self.backup, self.saguaro_c = backup, float(saguaro_c)
-    self.saguaro_top = 0 if saguaro_c == 1 else max(max(self.fan_out), max(self.fan_out_miss)) + 1
     self.dev = jax.devices()[0]
     self.tparams = jax.device_put(target_params, self.dev)
     self._draft_np = jax.device_get(draft_params)
-    self.head_ids = None if draft_cfg.head_vocab is None else np.asarray(self._draft_np["head_ids"])
+    # All the target side needs of the draft to expand a served q from its head vocabulary (ssd.serve_q).
+    self._head = {} if draft_cfg.head_vocab is None else {"head_ids": np.asarray(self._draft_np["head_ids"])}
     self.programs = Programs()
     self._proc = self._conn = None
 
@@ -185,14 +176,13 @@ class SplitSSDDecoder:
       st = dict(cfg=tcfg, attn_impl=self.attn_impl)
       z = put(jnp.zeros((b,), jnp.int32))
       tok_t, len_t = put(jnp.asarray(tokens)), put(jnp.asarray(lengths))
-      vq = tcfg.vocab_size if self.head_ids is None else len(self.head_ids)
-      head_ids = put(jnp.asarray(self.head_ids if self.head_ids is not None else np.zeros((1,), np.int32)))
+      head = put(self._head)
       run.compile_only(prefill, self.tparams, tok_t, len_t, tcache, **st)
       run.compile_only(first_tokens, self.tparams, put(jnp.zeros((b, tcfg.out_vocab))), key, temp, top_p, cfg=tcfg)
       run.compile_only(verify, self.tparams, tcache, z, put(jnp.zeros((b, k), jnp.int32)),
                        put(jnp.zeros((b, k, tcfg.vocab_size))), put(z > 0), key, temp, top_p, **st)
-      if self.head_ids is not None:
-        run.compile_only(_expand_q, put(jnp.zeros((b, k, vq))), head_ids, vocab=tcfg.vocab_size)
+      if head:
+        run.compile_only(serve_q, head, put(jnp.zeros((b, k, self.dcfg.out_vocab))), cfg=self.dcfg)
       _, info = self._recv()  # "ready": the draft's compile time
       draft_compile = info["compile_seconds"]
 
@@ -214,8 +204,7 @@ class SplitSSDDecoder:
         spec_np, q_np = spec_msg["tokens"], spec_msg["q"]
         bytes_in += spec_np.nbytes + q_np.nbytes
         spec = put(spec_np)
-        q = (run(_expand_q, put(q_np), head_ids, vocab=tcfg.vocab_size) if q_np.shape[-1] != tcfg.vocab_size
-             else put(q_np))
+        q = run(serve_q, head, put(q_np), cfg=self.dcfg) if q_np.shape[-1] != tcfg.vocab_size else put(q_np)
         rnd += 1
         last2, _ = book.state()
         t_dispatch = time.perf_counter()
@@ -238,15 +227,11 @@ class SplitSSDDecoder:
 
     def extra_of(i):
       s = draft_stats
-      lookups = s["rounds_by_len"][i].sum()
       return {"fan_out": list(self.fan_out), "fan_out_miss": list(self.fan_out_miss), "backup": self.backup,
-              "backups_used": s["backups_used"],
-              "cache_hit_rate": round(float(s["hits"][i] / max(lookups, 1)), 4),
-              "hit_rate_by_accept_len": [round(float(h / r), 4) if r else None
-                                         for h, r in zip(s["hits_by_len"][i], s["rounds_by_len"][i])],
+              "backups_used": s["backups_used"], **hit_stats(s["hits"], s["hits_by_len"], s["rounds_by_len"], i),
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_wait, 4),
               "verify_seconds": round(t_verify, 4), "neural_backup_seconds": round(s["neural_s"], 4),
-              "draft_tree_seconds": round(s["tree_s"], 4),
+              "draft_tree_seconds": round(s["tree_s"], 4), "speculation_cache_bytes": int(s["cache_bytes"]),
               "compile_seconds": round(run.compile_seconds + draft_compile, 3),
               "bytes_per_round": {"target_to_draft": round(bytes_out / max(rnd, 1)),
                                   "draft_to_target": round(bytes_in / max(rnd, 1))},
@@ -254,12 +239,6 @@ class SplitSSDDecoder:
                             "draft_cores": self.draft_cores}}
 
     return book.results(self.mode, t_prefill, t0 + t_prefill, extra_of)
-
-
-@functools.partial(jax.jit, static_argnames=("vocab",))
-def _expand_q(qc, head_ids, vocab: int):
-  """Returns q over the full vocabulary from q over the draft's head vocabulary (zero elsewhere, exactly)."""
-  return jnp.zeros(qc.shape[:-1] + (vocab,), qc.dtype).at[..., head_ids].set(qc)
 
 
 # --------------------------------------------------------------------------------------------------- draft side
@@ -403,6 +382,7 @@ class _DraftSide:
     self.backups_used = {"neural": 0, "fast": 0, "ngram": 0}
     self.tally = new_tally()
     self.tree_s = 0.0
+    self.cache_bytes = 0  # the speculation cache: candidates, tree tokens and their distributions
     self.rnd = 0
     if self.book.done.all():
       return self._done()
@@ -414,7 +394,7 @@ class _DraftSide:
   def _done(self):
     return ("done", {"hits": self.hits, "hits_by_len": self.hits_by_len, "rounds_by_len": self.rounds_by_len,
                      "backups_used": dict(self.backups_used), "neural_s": self.tally["neural_s"],
-                     "tree_s": self.tree_s})
+                     "tree_s": self.tree_s, "cache_bytes": self.cache_bytes})
 
   def outcome(self, msg):
     acc, bonus = msg["accept_len"], msg["bonus"]
@@ -427,6 +407,7 @@ class _DraftSide:
     record_round(self.tally, self.served, live, self.book.seqs, lens_before)
     cand, branch_j, tree_t, tree_q, _, _ = self.tree
     tree_t.block_until_ready()
+    self.cache_bytes = max(self.cache_bytes, sum(x.nbytes for x in (cand, tree_t, tree_q)))
     self.tree_s += time.perf_counter() - self.tree_dispatch
     if self.book.done.all():
       return self._done()
