@@ -45,20 +45,25 @@ def build_models():
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
 
 
-def decode(mode: str, cfg, tp, dp, placement) -> list[list[int]]:
-  """Returns the greedy tokens of PROMPTS under `mode` (ar, sd, ssd) with this placement."""
-  from ssd_jax.decode import ARDecoder, DecodeOptions
+def make_decoder(mode: str, cfg, tp, dp, placement):
+  """Returns the decoder for `mode` (ar, sd: K=3, ssd: K=3, F=2) with this placement (also used by test_sharding)."""
+  from ssd_jax.decode import ARDecoder
   from ssd_jax.decode.sd import SDDecoder
   from ssd_jax.decode.ssd import SSDDecoder
 
-  opts = DecodeOptions(max_new_tokens=MAX_NEW, ignore_eos=True)
   if mode == "ar":
-    dec = ARDecoder(cfg, tp, placement=placement)
-  elif mode == "sd":
-    dec = SDDecoder(cfg, tp, cfg, dp, k=3, placement=placement)
-  else:
-    dec = SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=placement)
-  return [r.token_ids for r in dec.generate(PROMPTS, opts)]
+    return ARDecoder(cfg, tp, placement=placement)
+  if mode == "sd":
+    return SDDecoder(cfg, tp, cfg, dp, k=3, placement=placement)
+  return SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=placement)
+
+
+def decode(mode: str, cfg, tp, dp, placement) -> list[list[int]]:
+  """Returns the greedy tokens of PROMPTS under `mode` (ar, sd, ssd) with this placement."""
+  from ssd_jax.decode import DecodeOptions
+
+  opts = DecodeOptions(max_new_tokens=MAX_NEW, ignore_eos=True)
+  return [r.token_ids for r in make_decoder(mode, cfg, tp, dp, placement).generate(PROMPTS, opts)]
 
 
 def main(argv=None) -> int:

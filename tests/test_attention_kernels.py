@@ -172,23 +172,18 @@ def _realistic_case(rng, h: int, g: int, prefix: int, dtype):
   return q, kc, vc, tree_mask(rng, np.asarray([prefix, prefix // 2]), k, fan_out)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (Triton lowering)")
-@pytest.mark.parametrize("h,g", [(9, 3), (64, 8)])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_triton_kernel_on_gpu(h, g, dtype):
-  """The compiled Triton kernel (not interpret mode) matches the reference at a realistic tree step."""
-  q, k, v, mask = _realistic_case(np.random.default_rng(h), h, g, 1000, dtype)
-  out = attn.pallas_attention(q, k, v, mask, kernel="triton", interpret=False)
-  _check(out, ref_attention(q, k, v, mask), dtype, mask, k.shape[1])
+def _on(backend: str, kernel: str):
+  mark = pytest.mark.gpu if backend == "gpu" else pytest.mark.tpu
+  return pytest.param(kernel, marks=[mark, pytest.mark.skipif(jax.default_backend() != backend,
+                                                              reason=f"needs a {backend.upper()} ({kernel} lowering)")])
 
 
-@pytest.mark.tpu
-@pytest.mark.skipif(jax.default_backend() != "tpu", reason="needs a TPU (Mosaic lowering)")
+@pytest.mark.parametrize("kernel", [_on("gpu", "triton"), _on("tpu", "mosaic")])
 @pytest.mark.parametrize("h,g", [(9, 3), (64, 8)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_mosaic_kernel_on_tpu(h, g, dtype):
-  """The compiled Mosaic kernel (not interpret mode) matches the reference at a realistic tree step."""
+def test_compiled_kernel_on_accelerator(kernel, h, g, dtype):
+  """The compiled kernel (Triton on a GPU, Mosaic on a TPU; not interpret mode) matches the reference at a
+  realistic tree step."""
   q, k, v, mask = _realistic_case(np.random.default_rng(h), h, g, 1000, dtype)
-  out = attn.pallas_attention(q, k, v, mask, kernel="mosaic", interpret=False)
+  out = attn.pallas_attention(q, k, v, mask, kernel=kernel, interpret=False)
   _check(out, ref_attention(q, k, v, mask), dtype, mask, k.shape[1])

@@ -11,6 +11,7 @@ from ssd_jax.decode.sd import SDDecoder
 from ssd_jax.decode.ssd import SSDDecoder
 from ssd_jax.sharding import CACHE_AXES, cache_spec, make_placement, param_axes, param_specs
 
+from distributed_worker import make_decoder
 from test_sd import PROMPTS, _perturbed
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 5, reason="needs 5 devices (XLA_FLAGS in conftest)")
@@ -93,14 +94,7 @@ def test_sharded_decoding_equals_single_device(pair, mode):
   cfg, tp, dp = pair
   opts = DecodeOptions(max_new_tokens=15, ignore_eos=True)
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  pl = make_placement(4, 1)
-  if mode == "ar":
-    dec = ARDecoder(cfg, tp, placement=pl)
-  elif mode == "sd":
-    dec = SDDecoder(cfg, tp, cfg, dp, k=3, placement=pl)
-  else:
-    dec = SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=pl)
-  res = dec.generate(PROMPTS, opts)
+  res = make_decoder(mode, cfg, tp, dp, make_placement(4, 1)).generate(PROMPTS, opts)
   assert [r.token_ids for r in res] == want
   if mode == "ssd":
     assert res[0].stats.extra["devices"] == {"target": [0, 1, 2, 3], "draft": 4}
