@@ -43,6 +43,7 @@ def parse_args(argv=None):
   p.add_argument("--batch-size", type=int, default=None)
   p.add_argument("--seq-len", type=int, default=None)
   p.add_argument("--lr", type=float, default=None)
+  p.add_argument("--warmup", type=int, default=None, help="learning-rate warm-up steps")
   p.add_argument("--distill-weight", type=float, default=None, help="weight of KL to the target (0 = hard labels)")
   p.add_argument("--eval-every", type=int, default=None)
   p.add_argument("--save-every", type=int, default=None)
@@ -50,6 +51,9 @@ def parse_args(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--tiny", action="store_true", help="tiny model and data: a smoke run for tests")
   p.add_argument("--fresh", action="store_true", help="ignore an existing train state in --work-dir")
+  p.add_argument("--init-from", default=None,
+                 help="start from this draft checkpoint (e.g. the shipped one) with a fresh optimizer and schedule, "
+                      "instead of the target-derived initialisation; its config replaces the recipe")
   return p.parse_args(argv)
 
 
@@ -69,7 +73,7 @@ def main(argv=None):
   if args.tiny:
     tc = dataclasses.replace(tc, seq_len=32, batch_size=2, steps=3, eval_every=2, save_every=2, eval_windows=2,
                              warmup=1)
-  for name in ("steps", "batch_size", "seq_len", "lr", "distill_weight", "eval_every", "save_every"):
+  for name in ("steps", "batch_size", "seq_len", "lr", "warmup", "distill_weight", "eval_every", "save_every"):
     v = getattr(args, name)
     if v is not None:
       tc = dataclasses.replace(tc, **{name: v})
@@ -133,7 +137,32 @@ def main(argv=None):
   state_abstract = None
   mngr = ocp.CheckpointManager(work, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
   start = 0
+  prior_tokens = 0  # tokens the --init-from draft was already trained on
+  init = None
+  if args.init_from:
+    import json
+    init_dir = os.path.abspath(args.init_from)
+    try:
+      icfg, iparams = checkpoints.load_checkpoint(init_dir)
+    except checkpoints.CheckpointError as e:
+      fail(str(e))
+    if icfg.vocab_size != tcfg.vocab_size or icfg.head_vocab is None:
+      fail(f"--init-from {init_dir}: needs a draft with the target's {tcfg.vocab_size}-token vocabulary and a "
+           f"reduced head (head_vocab), got vocab {icfg.vocab_size}, head_vocab {icfg.head_vocab}")
+    cfg = icfg
+    # The loaded arrays are copied: the jitted step donates its inputs.
+    init = jax.tree.map(lambda x: jnp.array(x, copy=True), dict(iparams))
+    extra_path = os.path.join(init_dir, "extra.json")
+    if os.path.exists(extra_path):
+      with open(extra_path) as f:
+        prior_tokens = int(json.load(f).get("train_tokens", 0))
+    print(f"[train] starting from {init_dir} (trained on {prior_tokens:,} tokens before)", file=sys.stderr)
+  init_record = os.path.join(work, "init.json")
   if not args.fresh and mngr.latest_step() is not None:
+    if os.path.exists(init_record):  # a resumed --init-from run: the prior count as recorded when it began
+      import json
+      with open(init_record) as f:
+        prior_tokens = int(json.load(f)["prior_tokens"])
     head_ids = np.load(os.path.join(work, "head_ids.npy"))
     params = train.init_draft_from_target(jax.random.key(tc.seed), cfg, tcfg, tparams, head_ids)
     opt_state = train.init_opt_state(opt, params)
@@ -144,7 +173,17 @@ def main(argv=None):
     params = jax.device_put(restored["params"])
     opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), [jnp.asarray(x) for x in restored["opt"]])
     print(f"[train] resumed from step {start} in {work}", file=sys.stderr)
+  elif init is not None:
+    if args.fresh and os.path.exists(init_record):
+      os.remove(init_record)
+    params = init
+    head_ids = np.asarray(params["head_ids"])
+    np.save(os.path.join(work, "head_ids.npy"), head_ids)
+    train.write_json(init_record, {"init_from": os.path.abspath(args.init_from), "prior_tokens": prior_tokens})
+    opt_state = train.init_opt_state(opt, params)
   else:
+    if os.path.exists(init_record):
+      os.remove(init_record)
     head_ids = train.choose_head_vocab(train_ids_for_vocab, train_mask_for_vocab, tcfg.vocab_size, head_vocab)
     np.save(os.path.join(work, "head_ids.npy"), head_ids)
     params = train.init_draft_from_target(jax.random.key(tc.seed), cfg, tcfg, tparams, head_ids)
@@ -206,9 +245,11 @@ def main(argv=None):
       if best is None or agree >= best:
         best = agree
         extra = {"recipe": "scripts/train_draft.py", "train_config": dataclasses.asdict(tc), "step": done,
-                 "train_tokens": done * tokens_per_step, "heldout_agreement": agree_sg,
+                 "train_tokens": prior_tokens + done * tokens_per_step, "heldout_agreement": agree_sg,
                  "heldout": f"{n_eval} ShareGPT windows of {tc.seq_len} tokens (not trained on)",
                  "corpus_mix": args.corpus_mix if n_target else 0.0}
+        if args.init_from:
+          extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
         if agree_t is not None:
           extra.update(heldout_target_answer_agreement=agree_t,
                        heldout_target_answers=f"{len(tev_tokens)} windows of held-out target-answer shards")

@@ -54,7 +54,8 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
       assert k in s
     assert s["mode"] == "ar" and s["new_tokens"] == 8
   out2 = tmp_path / "ssd.jsonl"
-  r = run("decode.py", "--mode", "ssd", "--prompt", "Say hi.", "--max-new-tokens", "10", "--json-out", str(out2))
+  # No --mode: with the shipped draft loaded the script's default is SSD (without one, AR, as above).
+  r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--json-out", str(out2))
   assert r.returncode == 0, r.stderr
   s = json.loads(out2.read_text())["stats"]
   assert s["mode"] == "ssd" and "cache_hit_rate" in s and "target_idle_seconds" in s
@@ -89,6 +90,21 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   assert "resumed from step 3" in r.stderr
   cfg, params, tok = checkpoints.load_model(str(out))
   assert cfg.head_vocab == 512 and tok is not None
+  # Continue training that draft with distillation, in a new work dir: its tokens add to the ones it had.
+  prior = json.loads((out / "extra.json").read_text())["train_tokens"]
+  out2 = tmp_path / "draft2"
+  r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work2"), "--out", str(out2),
+          "--max-conversations", "20", "--target-corpus", "none", "--init-from", str(out), "--distill-weight", "0.5")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"trained on {prior:,} tokens before" in r.stderr
+  extra2 = json.loads((out2 / "extra.json").read_text())
+  assert extra2["init_train_tokens"] == prior and extra2["train_tokens"] == prior + 3 * 2 * 32
+  cfg2, params2, _ = checkpoints.load_model(str(out2))
+  assert cfg2 == cfg and (np.asarray(params2["head_ids"]) == np.asarray(params["head_ids"])).all()
+  assert not np.allclose(np.asarray(params2["embed"]), np.asarray(params["embed"]))  # it trained
+  r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work3"), "--out", str(tmp_path / "d3"),
+          "--init-from", str(tmp_path / "missing"))
+  assert r.returncode == 2 and "not an ssd-jax checkpoint" in r.stderr and "Traceback" not in r.stderr
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
           str(tmp_path / "missing"))
   assert r.returncode == 2 and "no target-answer corpus" in r.stderr
@@ -103,3 +119,24 @@ def test_answer_shards_heldout_rule_is_stable(tmp_path):
   np.savez(tmp_path / "shard_00005.tmp.npz", ids=np.zeros(3, np.uint16), mask=np.ones(3, np.uint8))  # in flight
   ids, _, hids, _ = train.load_answer_shards(str(tmp_path), heldout_every=2, heldout_offset=1)
   assert sorted(set(ids.tolist())) == [0, 2, 4] and sorted(set(hids.tolist())) == [1, 3]
+
+
+@pytest.mark.slow
+def test_eval_draft_scores_the_shipped_draft_and_reuses_answers(tmp_path):
+  """eval_draft.py on one GSM8K prompt: alphas are probabilities, E[tokens] follows them, answers are reused."""
+  answers, out = tmp_path / "answers.json", tmp_path / "eval.json"
+  args = ("--datasets", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "12", "--answers", str(answers),
+          "--json-out", str(out))
+  r = run("eval_draft.py", *args)
+  assert r.returncode == 0, r.stderr[-2000:]
+  rep = json.loads(out.read_text())
+  s = rep["sets"]["gsm8k"]
+  assert 0 < s["positions"] <= 12 and 0 <= s["alpha_greedy"] <= 1 and 0 <= s["alpha_t1"] <= 1
+  a = s["alpha_greedy"]
+  assert s["expected_tokens_greedy"]["4"] == pytest.approx(sum(a ** i for i in range(5)))
+  assert len(json.loads(answers.read_text())["gsm8k"]["answers"][0]) == s["positions"]
+  r = run("eval_draft.py", *args)
+  assert r.returncode == 0 and "the target's answers from" in r.stderr
+  assert json.loads(out.read_text())["sets"]["gsm8k"] == s
+  r = run("eval_draft.py", "--num-prompts", "0")
+  assert r.returncode == 2 and "Traceback" not in r.stderr
