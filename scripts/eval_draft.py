@@ -25,6 +25,8 @@ def parse_args(argv=None):
   p.add_argument("--num-prompts", type=int, default=8)
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--json-out")
+  p.add_argument("--answers", help="a JSON file of the target's answers: read when it holds these prompts and "
+                                   "settings, else written, so several drafts are scored on the same answers")
   return p.parse_args(argv)
 
 
@@ -57,13 +59,31 @@ def main(argv=None):
     greedy = jnp.argmax(lt, -1) == model.to_token_ids(dp, jnp.argmax(ld, -1), dcfg)
     return greedy, jnp.minimum(p, q).sum(-1)
 
+  import os
+  cached = {}
+  if args.answers and os.path.exists(args.answers):
+    try:
+      with open(args.answers) as f:
+        cached = json.load(f)
+    except (OSError, ValueError) as e:
+      fail(f"cannot read --answers {args.answers}: {e}")
   report = {}
   for name in [d for d in args.datasets.split(",") if d]:
     prompts = datasets.load_prompts(name, args.num_prompts)
-    gens = pipe.generate(prompts, max_new_tokens=args.max_new_tokens, batch_size=4)
+    entry = cached.get(name, {})
+    if entry.get("prompts") == prompts and entry.get("max_new_tokens") == args.max_new_tokens:
+      answers = entry["answers"]
+      print(f"[eval] {name}: the target's answers from {args.answers}", file=sys.stderr)
+    else:
+      answers = [g.token_ids for g in pipe.generate(prompts, mode="ar", max_new_tokens=args.max_new_tokens,
+                                                    batch_size=4)]
+      cached[name] = {"prompts": prompts, "max_new_tokens": args.max_new_tokens, "answers": answers}
+      if args.answers:
+        with open(args.answers, "w") as f:
+          json.dump(cached, f)
     g_all, s_all = [], []
-    for p, g in zip(prompts, gens):
-      ids = pipe.encode_prompt(p) + g.token_ids
+    for p, answer in zip(prompts, answers):
+      ids = pipe.encode_prompt(p) + answer
       n = len(pipe.encode_prompt(p))
       pad = -(-len(ids) // 64) * 64  # bucket lengths so few programs compile
       toks = np.zeros((1, pad), np.int32)
