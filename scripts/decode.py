@@ -27,7 +27,7 @@ def parse_args(argv=None):
   src = p.add_mutually_exclusive_group()
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
-  p.add_argument("--mode", default="ar", help="ar, sd or ssd")
+  p.add_argument("--mode", default=None, help="ar, sd or ssd (default: ssd, or ar when no draft is loaded)")
   p.add_argument("--k", type=int, default=4, help="draft tokens per round (sd, ssd)")
   p.add_argument("--fan-out", default="3",
                  help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
@@ -81,7 +81,7 @@ def main(argv=None):
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device is touched
   from ssd_jax import api
 
-  if args.mode not in api.MODES:
+  if args.mode is not None and args.mode not in api.MODES:
     if args.mode in api.PLANNED_MODES:
       fail(f"--mode {args.mode} is not implemented yet; available: {', '.join(api.MODES)}")
     fail(f"unknown --mode {args.mode!r}; choose from {', '.join(api.MODES)}")
@@ -105,6 +105,8 @@ def main(argv=None):
   pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention,
                   target_devices=args.target_devices, draft_devices=args.draft_devices,
                   ssd_placement=args.ssd_placement)
+  if args.mode is None:
+    args.mode = pipe.default_mode
   if args.mode in ("sd", "ssd") and pipe.draft is None:
     fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   if args.fan_out_strategy == "geometric":

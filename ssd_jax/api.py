@@ -120,7 +120,12 @@ class Pipeline:
 
     return on_ids
 
-  def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str = "ar", batch_size: int = 8,
+  @property
+  def default_mode(self) -> str:
+    """'ssd' when a draft is loaded, else 'ar': what generate() runs when no mode is given."""
+    return "ssd" if self.draft is not None else "ar"
+
+  def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int = 4, fan_out=3,
                    fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0, **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time."""
@@ -128,21 +133,21 @@ class Pipeline:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
     opts.validate()
-    dec = self.decoder(mode, k, fan_out, fan_out_miss, backup, saguaro_c)
+    dec = self.decoder(mode or self.default_mode, k, fan_out, fan_out_miss, backup, saguaro_c)
     results = []
     for i in range(0, len(prompts), batch_size):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
       results += dec.generate(prompts[i:i + batch_size], opts, stream=cb)
     return results
 
-  def generate(self, prompts: Sequence[str] | str, mode: str = "ar", max_new_tokens: int = 128,
+  def generate(self, prompts: Sequence[str] | str, mode: str | None = None, max_new_tokens: int = 128,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
                k: int = 4, fan_out=3, fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0
                ) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
-    mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (also `fan_out` bonus guesses per acceptance
+    mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (the default when a draft is loaded; also `fan_out` bonus guesses per acceptance
     length: an int, or K+1 counts; `fan_out_miss` after a miss; `backup` 'neural', 'fast', 'ngram' or 'auto';
     `saguaro_c` < 1 down-weights the draft's top tokens (Saguaro sampling); the draft runs on the second device when
     there is one). temperature 0 is greedy; chat=False feeds the

@@ -238,3 +238,17 @@ def test_pipeline_keeps_one_decoder_per_ssd_placement():
   assert type(on_devices).__name__ == "SSDDecoder" and type(in_processes).__name__ == "SplitSSDDecoder"
   pipe.ssd_placement = "devices"
   assert pipe.decoder("ssd", 2, 2) is on_devices
+
+
+def test_pipeline_default_mode_is_ssd_with_a_draft_and_ar_without():
+  """generate() without a mode runs SSD when a draft is loaded (the issue's default), AR otherwise; same tokens."""
+  from ssd_jax import api
+  pipe = api.load_tiny()
+  assert pipe.default_mode == "ssd"
+  g = pipe.generate("Say hi.", max_new_tokens=6, ignore_eos=True, k=2, fan_out=2)[0]
+  assert g.stats["mode"] == "ssd" and "cache_hit_rate" in g.stats
+  ar = pipe.generate("Say hi.", mode="ar", max_new_tokens=6, ignore_eos=True)[0]
+  assert g.token_ids == ar.token_ids
+  pipe.draft = None
+  assert pipe.default_mode == "ar"
+  assert pipe.generate("Say hi.", max_new_tokens=3)[0].stats["mode"] == "ar"

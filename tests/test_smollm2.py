@@ -7,7 +7,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_capital_of_france_greedy(smollm2):
-  g = smollm2.generate("What is the capital of France?", max_new_tokens=24)[0]
+  g = smollm2.generate("What is the capital of France?", mode="ar", max_new_tokens=24)[0]
   assert "Paris" in g.text
   assert g.token_ids[-1] == smollm2.tokenizer.eos_id  # stopped at <|im_end|>
   assert g.stats["new_tokens"] == len(g.token_ids) < 24
