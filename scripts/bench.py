@@ -74,30 +74,9 @@ def parse_args(argv=None):
 
 def verify_cost_table(pipe, prefix: int = 300, repeats: int = 15):
   """Returns {T: median ms} of one target forward of T tokens after a `prefix`-token cache (AOT compiled)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from ssd_jax import model
-  from ssd_jax.kv_cache import KVCache
-  cfg, params = pipe.target.cfg, pipe.target.params
-  fwd = jax.jit(model.forward_causal, static_argnames=("cfg",), donate_argnames=("cache",))
-  out = {}
-  for t in range(1, 10):
-    cache = KVCache.init(cfg, 1, 512).replace(lengths=jnp.asarray([prefix], jnp.int32))
-    toks = jnp.ones((1, t), jnp.int32)
-    exe = fwd.lower(params, toks, cache, cfg=cfg).compile()
-    for _ in range(3):
-      logits, cache = exe(params, toks, cache)
-    logits.block_until_ready()
-    ts = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      logits, cache = exe(params, toks, cache)
-      logits.block_until_ready()
-      ts.append(time.perf_counter() - t0)
-    out[t] = float(np.median(ts) * 1e3)
-  return out
+  from ssd_jax.step_cost import compiled_step, interleaved_ms
+  steps = {t: compiled_step(pipe.target.cfg, pipe.target.params, t, prefix) for t in range(1, 10)}
+  return interleaved_ms(steps, repeats)
 
 
 def streaming_bandwidth_gbs(n_bytes: int = 1 << 30, repeats: int = 7) -> float:
@@ -263,7 +242,7 @@ def main(argv=None):
     parse_fan_out(args.fan_out_miss, args.k)
 
   if args.verify_cost:
-    pipe = api.load(args.target, draft=None, attn_impl=args.attention)
+    pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)
     table = verify_cost_table(pipe)
     print("| new tokens T (verify K = T-1) | ms | cost / AR step |\n|---|---|---|")
     for t, ms in table.items():

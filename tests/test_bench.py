@@ -252,3 +252,29 @@ def test_pipeline_default_mode_is_ssd_with_a_draft_and_ar_without():
   pipe.draft = None
   assert pipe.default_mode == "ar"
   assert pipe.generate("Say hi.", max_new_tokens=3)[0].stats["mode"] == "ar"
+
+
+def test_step_cost_counts_every_weight_matrix_and_times_a_step():
+  from ssd_jax import model
+  from ssd_jax.config import ModelConfig
+  from ssd_jax.step_cost import compiled_step, interleaved_ms, macs_per_token
+  for head_vocab in (None, 40):
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=24,
+                      head_vocab=head_vocab, tie_embeddings=True, max_seq_len=128)
+    params = model.init_params(jax.random.key(0), cfg)
+    # One multiply-accumulate per weight of every matrix a token goes through: the layers' and the (tied) head's.
+    matrices = sum(int(np.prod(w.shape)) for lp in params["layers"] for w in lp.values() if w.ndim == 2)
+    assert macs_per_token(cfg) == matrices + params["embed"].shape[0] * cfg.d_model
+  run = compiled_step(cfg, params, tokens=2, prefix=10, cache_len=32)
+  ms = interleaved_ms({"a": run, "b": compiled_step(cfg, params)}, repeats=3)
+  assert set(ms) == {"a", "b"} and all(v > 0 for v in ms.values())
+  with pytest.raises(ValueError, match="must fit"):
+    compiled_step(cfg, params, tokens=4, prefix=30, cache_len=32)
+
+
+def test_verify_cost_table_on_the_tiny_target(bench, tmp_path, capsys):
+  out = tmp_path / "cost.json"
+  assert bench.main(["--tiny", "--verify-cost", "--json-out", str(out)]) == 0
+  table = json.loads(out.read_text())["verify_cost_ms"]
+  assert sorted(int(t) for t in table) == list(range(1, 10)) and all(ms > 0 for ms in table.values())
+  assert "| 9 |" in capsys.readouterr().out

@@ -135,8 +135,12 @@ def test_eval_draft_scores_the_shipped_draft_and_reuses_answers(tmp_path):
   a = s["alpha_greedy"]
   assert s["expected_tokens_greedy"]["4"] == pytest.approx(sum(a ** i for i in range(5)))
   assert len(json.loads(answers.read_text())["gsm8k"]["answers"][0]) == s["positions"]
+  c = rep["cost"]
+  assert c["draft_step_ms"] > 0 and c["target_step_ms"] > 0
+  assert c["draft_over_target_time"] == pytest.approx(c["draft_step_ms"] / c["target_step_ms"])
+  assert c["target_macs_per_token"] == 134_479_872  # SmolLM2-135M: 30 layers' matrices + the 49,152-row head
   r = run("eval_draft.py", *args)
   assert r.returncode == 0 and "the target's answers from" in r.stderr
-  assert json.loads(out.read_text())["sets"]["gsm8k"] == s
+  assert json.loads(out.read_text())["sets"]["gsm8k"] == s  # same answers, same scores
   r = run("eval_draft.py", "--num-prompts", "0")
   assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -1,0 +1,56 @@
+"""Timing one compiled forward step of a model: the cost figures of the bench and of the draft's evaluation.
+
+A step is `model.forward_causal` over `tokens` new tokens at batch 1 after a `prefix`-token KV cache, compiled
+ahead of the clock. Several models are timed in interleaved order (a, b, a, b, ...), so drift on a shared machine
+hits them alike; the figure is the median.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import model
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512):
+  """Returns run() -> seconds of one forward of `tokens` tokens after `prefix` cached ones (warmed up)."""
+  if prefix < 0 or prefix + tokens > cache_len:
+    raise ValueError(f"prefix {prefix} + tokens {tokens} must fit the cache of {cache_len}")
+  fwd = jax.jit(model.forward_causal, static_argnames=("cfg",), donate_argnames=("cache",))
+  state = {"cache": KVCache.init(cfg, 1, cache_len).replace(lengths=jnp.asarray([prefix], jnp.int32))}
+  toks = jnp.ones((1, tokens), jnp.int32)
+  exe = fwd.lower(params, toks, state["cache"], cfg=cfg).compile()
+
+  def run() -> float:
+    t0 = time.perf_counter()
+    # The cache keeps its length: every call times the same step (the output cache is only written, not grown).
+    logits, state["cache"] = exe(params, toks, state["cache"])
+    logits.block_until_ready()
+    return time.perf_counter() - t0
+
+  for _ in range(3):
+    run()
+  return run
+
+
+def interleaved_ms(steps: dict, repeats: int = 15) -> dict:
+  """Returns {name: median ms} for {name: run} callables from compiled_step, timed in interleaved order."""
+  times = {name: [] for name in steps}
+  for _ in range(repeats):
+    for name, run in steps.items():
+      times[name].append(run())
+  return {name: float(np.median(ts) * 1e3) for name, ts in times.items()}
+
+
+def macs_per_token(cfg: ModelConfig) -> int:
+  """Multiply-accumulates of one token's forward through the weight matrices (attention over the cache excluded)."""
+  d, hd = cfg.d_model, cfg.head_dim
+  attn = d * hd * (cfg.n_heads * 2 + cfg.n_kv_heads * 2)  # q, o, k, v
+  ffn = 3 * d * cfg.ffn_dim
+  head = d * (cfg.head_vocab or cfg.vocab_size)
+  return cfg.n_layers * (attn + ffn) + head
