@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ssd_jax.cli_util import fail, run_main
@@ -61,7 +62,6 @@ def main(argv=None):
     greedy = jnp.argmax(lt, -1) == model.to_token_ids(dp, jnp.argmax(ld, -1), dcfg)
     return greedy, jnp.minimum(p, q).sum(-1)
 
-  import os
   cached = {}
   if args.answers and os.path.exists(args.answers):
     try:
@@ -75,9 +75,6 @@ def main(argv=None):
           "draft_over_target_time": step_ms["draft"] / step_ms["target"],
           "target_macs_per_token": macs_per_token(tcfg), "draft_macs_per_token": macs_per_token(dcfg),
           "draft_over_target_macs": macs_per_token(dcfg) / macs_per_token(tcfg)}
-  print(f"[eval] cost per token: draft {cost['draft_step_ms']:.2f} ms, target {cost['target_step_ms']:.2f} ms "
-        f"({cost['draft_over_target_time']:.3f}x; multiply-accumulates {cost['draft_over_target_macs']:.3f}x)",
-        file=sys.stderr, flush=True)
   report = {}
   for name in [d for d in args.datasets.split(",") if d]:
     prompts = datasets.load_prompts(name, args.num_prompts)
@@ -94,8 +91,8 @@ def main(argv=None):
           json.dump(cached, f)
     g_all, s_all = [], []
     for p, answer in zip(prompts, answers):
-      ids = pipe.encode_prompt(p) + answer
-      n = len(pipe.encode_prompt(p))
+      prompt_ids = pipe.encode_prompt(p)
+      ids, n = prompt_ids + answer, len(prompt_ids)
       pad = -(-len(ids) // 64) * 64  # bucket lengths so few programs compile
       toks = np.zeros((1, pad), np.int32)
       toks[0, : len(ids)] = ids

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -137,10 +138,17 @@ def main(argv=None):
   state_abstract = None
   mngr = ocp.CheckpointManager(work, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
   start = 0
+  resuming = not args.fresh and mngr.latest_step() is not None
+  init_record = os.path.join(work, "init.json")  # an --init-from run's starting point, kept for its resumes
   prior_tokens = 0  # tokens the --init-from draft was already trained on
+  if os.path.exists(init_record):
+    if resuming:  # as recorded when the run began (--out may hold this run's own exports since)
+      with open(init_record) as f:
+        prior_tokens = int(json.load(f)["prior_tokens"])
+    else:
+      os.remove(init_record)
   init = None
   if args.init_from:
-    import json
     init_dir = os.path.abspath(args.init_from)
     try:
       icfg, iparams = checkpoints.load_checkpoint(init_dir)
@@ -150,19 +158,15 @@ def main(argv=None):
       fail(f"--init-from {init_dir}: needs a draft with the target's {tcfg.vocab_size}-token vocabulary and a "
            f"reduced head (head_vocab), got vocab {icfg.vocab_size}, head_vocab {icfg.head_vocab}")
     cfg = icfg
-    # The loaded arrays are copied: the jitted step donates its inputs.
-    init = jax.tree.map(lambda x: jnp.array(x, copy=True), dict(iparams))
-    extra_path = os.path.join(init_dir, "extra.json")
-    if os.path.exists(extra_path):
-      with open(extra_path) as f:
-        prior_tokens = int(json.load(f).get("train_tokens", 0))
-    print(f"[train] starting from {init_dir} (trained on {prior_tokens:,} tokens before)", file=sys.stderr)
-  init_record = os.path.join(work, "init.json")
-  if not args.fresh and mngr.latest_step() is not None:
-    if os.path.exists(init_record):  # a resumed --init-from run: the prior count as recorded when it began
-      import json
-      with open(init_record) as f:
-        prior_tokens = int(json.load(f)["prior_tokens"])
+    if not resuming:
+      extra_path = os.path.join(init_dir, "extra.json")
+      if os.path.exists(extra_path):
+        with open(extra_path) as f:
+          prior_tokens = int(json.load(f).get("train_tokens", 0))
+      # The loaded arrays are copied: the jitted step donates its inputs.
+      init = jax.tree.map(lambda x: jnp.array(x, copy=True), dict(iparams))
+      print(f"[train] starting from {init_dir} (trained on {prior_tokens:,} tokens before)", file=sys.stderr)
+  if resuming:
     head_ids = np.load(os.path.join(work, "head_ids.npy"))
     params = train.init_draft_from_target(jax.random.key(tc.seed), cfg, tcfg, tparams, head_ids)
     opt_state = train.init_opt_state(opt, params)
@@ -174,16 +178,12 @@ def main(argv=None):
     opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), [jnp.asarray(x) for x in restored["opt"]])
     print(f"[train] resumed from step {start} in {work}", file=sys.stderr)
   elif init is not None:
-    if args.fresh and os.path.exists(init_record):
-      os.remove(init_record)
     params = init
     head_ids = np.asarray(params["head_ids"])
     np.save(os.path.join(work, "head_ids.npy"), head_ids)
     train.write_json(init_record, {"init_from": os.path.abspath(args.init_from), "prior_tokens": prior_tokens})
     opt_state = train.init_opt_state(opt, params)
   else:
-    if os.path.exists(init_record):
-      os.remove(init_record)
     head_ids = train.choose_head_vocab(train_ids_for_vocab, train_mask_for_vocab, tcfg.vocab_size, head_vocab)
     np.save(os.path.join(work, "head_ids.npy"), head_ids)
     params = train.init_draft_from_target(jax.random.key(tc.seed), cfg, tcfg, tparams, head_ids)
@@ -203,7 +203,6 @@ def main(argv=None):
   best_file = os.path.join(work, "best.json")
   best = None
   if os.path.exists(best_file) and not args.fresh:
-    import json
     with open(best_file) as f:
       rec = json.load(f)
     best = rec["agreement"] if rec.get("metric", "sharegpt") == metric else None  # a new metric starts afresh

@@ -128,7 +128,7 @@ class Pipeline:
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int = 4, fan_out=3,
                    fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0, **options):
-    """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time."""
+    """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode: as in generate)."""
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
@@ -147,11 +147,11 @@ class Pipeline:
                ) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
-    mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (the default when a draft is loaded; also `fan_out` bonus guesses per acceptance
+    mode: 'ar', 'sd' (K draft tokens per round, `k`) or 'ssd' (also `fan_out` bonus guesses per acceptance
     length: an int, or K+1 counts; `fan_out_miss` after a miss; `backup` 'neural', 'fast', 'ngram' or 'auto';
     `saguaro_c` < 1 down-weights the draft's top tokens (Saguaro sampling); the draft runs on the second device when
-    there is one). temperature 0 is greedy; chat=False feeds the
-    text without the chat template; stream, if given, is called with each new piece of text of the first prompt.
+    there is one); None: `default_mode`, 'ssd' when a draft is loaded, else 'ar'. temperature 0 is greedy;
+    chat=False feeds the text without the chat template; stream, if given, is called with each new piece of text of the first prompt.
     """
     if isinstance(prompts, str):
       prompts = [prompts]
