@@ -151,7 +151,8 @@ class Pipeline:
     length: an int, or K+1 counts; `fan_out_miss` after a miss; `backup` 'neural', 'fast', 'ngram' or 'auto';
     `saguaro_c` < 1 down-weights the draft's top tokens (Saguaro sampling); the draft runs on the second device when
     there is one); None: `default_mode`, 'ssd' when a draft is loaded, else 'ar'. temperature 0 is greedy;
-    chat=False feeds the text without the chat template; stream, if given, is called with each new piece of text of the first prompt.
+    chat=False feeds the text without the chat template; stream, if given, is called with each new piece of text of
+    the first prompt.
     """
     if isinstance(prompts, str):
       prompts = [prompts]
