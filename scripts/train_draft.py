@@ -5,7 +5,8 @@
   python scripts/train_draft.py --tiny --steps 3     # a seconds-long smoke run (used by the tests)
 
 Data: ShareGPT conversations in the chat template, mixed (--corpus-mix) with the target's own greedy answers when a
-corpus from scripts/make_target_corpus.py exists (--target-corpus, default <work-dir>/target_answers). With that
+corpus from scripts/make_target_corpus.py exists (--target-corpus, default <work-dir>/target_answers; several
+directories, comma-separated, are read as one corpus). With that
 corpus, the draft exported is the one with the best agreement on held-out *target answers* (what acceptance
 measures); without it, on held-out ShareGPT text.
 
@@ -38,7 +39,8 @@ def parse_args(argv=None):
   p.add_argument("--steps", type=int, default=None, help="length of the learning-rate schedule")
   p.add_argument("--until", type=int, default=None, help="stop at this step (default --steps); resume later")
   p.add_argument("--target-corpus", default=None,
-                 help="target-answer shards (default <work-dir>/target_answers if present; 'none': ShareGPT only)")
+                 help="target-answer shard directories, comma-separated (default <work-dir>/target_answers if present; "
+                      "'none': ShareGPT only)")
   p.add_argument("--corpus-mix", type=float, default=0.75,
                  help="fraction of each batch taken from the target-answer corpus when there is one")
   p.add_argument("--batch-size", type=int, default=None)
@@ -113,19 +115,25 @@ def main(argv=None):
   ev_tokens, ev_mask = windows[eval_idx], wmask[eval_idx]
 
   # The target's own answers (scripts/make_target_corpus.py), when present.
-  corpus = args.target_corpus or os.path.join(work, "target_answers")
+  corpora = [c for c in (args.target_corpus or os.path.join(work, "target_answers")).split(",") if c]
+  if not corpora:
+    fail(f"--target-corpus {args.target_corpus!r} names no directory")
   t_win = t_wmask = tev_tokens = tev_mask = None
-  if args.target_corpus != "none" and os.path.isdir(corpus):
-    t_ids, t_m, h_ids, h_m = train.load_answer_shards(corpus)
+  if args.target_corpus != "none" and all(os.path.isdir(c) for c in corpora):
+    parts = [train.load_answer_shards(c) for c in corpora]
+    t_ids, t_m, h_ids, h_m = (np.concatenate([p[i] for p in parts]) for i in range(4))
     if len(t_ids) > tc.seq_len:
       t_win, t_wmask = train.make_windows(t_ids, t_m, tc.seq_len)
     if len(h_ids) > tc.seq_len:
+      # The first directory's held-out shards come first, so adding a directory leaves this set as it was.
       tev_tokens, tev_mask = train.make_windows(h_ids, h_m, tc.seq_len)
       tev_tokens, tev_mask = tev_tokens[:tc.eval_windows * 2], tev_mask[:tc.eval_windows * 2]
-    print(f"[train] target-answer corpus {corpus}: {int(t_m.sum()):,} answer tokens for training, "
+    print(f"[train] target-answer corpus {', '.join(corpora)}: {int(t_m.sum()):,} answer tokens for training, "
           f"{int(h_m.sum()):,} held out", file=sys.stderr)
   elif args.target_corpus not in (None, "none"):
-    fail(f"no target-answer corpus at {corpus} (make one with scripts/make_target_corpus.py)")
+    missing = [c for c in corpora if not os.path.isdir(c)]
+    fail(f"no target-answer corpus at {', '.join(missing) or repr(args.target_corpus)} "
+         "(make one with scripts/make_target_corpus.py)")
   n_target = int(round(args.corpus_mix * tc.batch_size)) if t_win is not None else 0
   train_ids_for_vocab = windows[train_idx].reshape(-1)
   train_mask_for_vocab = wmask[train_idx].reshape(-1)
@@ -141,10 +149,12 @@ def main(argv=None):
   resuming = not args.fresh and mngr.latest_step() is not None
   init_record = os.path.join(work, "init.json")  # an --init-from run's starting point, kept for its resumes
   prior_tokens = 0  # tokens the --init-from draft was already trained on
+  init_extra = None  # the --init-from draft's extra.json: its own recipe, carried into this run's exports
   if os.path.exists(init_record):
     if resuming:  # as recorded when the run began (--out may hold this run's own exports since)
       with open(init_record) as f:
-        prior_tokens = int(json.load(f)["prior_tokens"])
+        rec = json.load(f)
+      prior_tokens, init_extra = int(rec["prior_tokens"]), rec.get("init_extra")
     else:
       os.remove(init_record)
   init = None
@@ -162,7 +172,8 @@ def main(argv=None):
       extra_path = os.path.join(init_dir, "extra.json")
       if os.path.exists(extra_path):
         with open(extra_path) as f:
-          prior_tokens = int(json.load(f).get("train_tokens", 0))
+          init_extra = json.load(f)
+        prior_tokens = int(init_extra.get("train_tokens", 0))
       # The loaded arrays are copied: the jitted step donates its inputs.
       init = jax.tree.map(lambda x: jnp.array(x, copy=True), dict(iparams))
       print(f"[train] starting from {init_dir} (trained on {prior_tokens:,} tokens before)", file=sys.stderr)
@@ -181,7 +192,8 @@ def main(argv=None):
     params = init
     head_ids = np.asarray(params["head_ids"])
     np.save(os.path.join(work, "head_ids.npy"), head_ids)
-    train.write_json(init_record, {"init_from": os.path.abspath(args.init_from), "prior_tokens": prior_tokens})
+    train.write_json(init_record, {"init_from": os.path.abspath(args.init_from), "prior_tokens": prior_tokens,
+                                   "init_extra": init_extra})
     opt_state = train.init_opt_state(opt, params)
   else:
     head_ids = train.choose_head_vocab(train_ids_for_vocab, train_mask_for_vocab, tcfg.vocab_size, head_vocab)
@@ -249,6 +261,8 @@ def main(argv=None):
                  "corpus_mix": args.corpus_mix if n_target else 0.0}
         if args.init_from:
           extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
+          if init_extra is not None:  # the starting draft's own record, so a chain of runs describes itself
+            extra["init_extra"] = init_extra
         if agree_t is not None:
           extra.update(heldout_target_answer_agreement=agree_t,
                        heldout_target_answers=f"{len(tev_tokens)} windows of held-out target-answer shards")

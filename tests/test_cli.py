@@ -67,6 +67,9 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
 @pytest.mark.slow
 def test_target_corpus_then_training_and_resume(tmp_path):
   """make_target_corpus.py, then train_draft.py on ShareGPT mixed with that corpus, then a resume."""
+  import re
+  import shutil
+
   import numpy as np
 
   from ssd_jax import checkpoints, train
@@ -82,6 +85,7 @@ def test_target_corpus_then_training_and_resume(tmp_path):
           "--corpus-mix", "0.5")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "target-answer corpus" in r.stderr and "held-out agreement" in r.stderr
+  first_err = r.stderr
   extra = json.loads((out / "extra.json").read_text())
   assert extra["train_tokens"] > 0 and 0 <= extra["heldout_agreement"] <= 1 and extra["corpus_mix"] == 0.5
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--max-conversations", "20",
@@ -99,15 +103,24 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   assert f"trained on {prior:,} tokens before" in r.stderr
   extra2 = json.loads((out2 / "extra.json").read_text())
   assert extra2["init_train_tokens"] == prior and extra2["train_tokens"] == prior + 3 * 2 * 32
+  assert extra2["init_extra"] == json.loads((out / "extra.json").read_text())  # the chain describes itself
   cfg2, params2, _ = checkpoints.load_model(str(out2))
   assert cfg2 == cfg and (np.asarray(params2["head_ids"]) == np.asarray(params["head_ids"])).all()
   assert not np.allclose(np.asarray(params2["embed"]), np.asarray(params["embed"]))  # it trained
   r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work3"), "--out", str(tmp_path / "d3"),
           "--init-from", str(tmp_path / "missing"))
   assert r.returncode == 2 and "not an ssd-jax checkpoint" in r.stderr and "Traceback" not in r.stderr
+  # Two corpus directories are read as one (here the same shards twice: twice the answer tokens).
+  n_one = int(re.search(r"target-answer corpus .*?: ([\d,]+) answer tokens", first_err).group(1).replace(",", ""))
+  shutil.copytree(work / "target_answers", tmp_path / "answers_copy")
+  both = f"{work / 'target_answers'},{tmp_path / 'answers_copy'}"
+  r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work4"), "--out", str(tmp_path / "d4"),
+          "--max-conversations", "20", "--target-corpus", both, "--steps", "1")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f": {2 * n_one:,} answer tokens for training" in r.stderr, r.stderr[-2000:]
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
-          str(tmp_path / "missing"))
-  assert r.returncode == 2 and "no target-answer corpus" in r.stderr
+          f"{work / 'target_answers'},{tmp_path / 'missing'}")
+  assert r.returncode == 2 and f"no target-answer corpus at {tmp_path / 'missing'} " in r.stderr
 
 
 def test_answer_shards_heldout_rule_is_stable(tmp_path):
