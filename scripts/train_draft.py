@@ -131,9 +131,8 @@ def main(argv=None):
     print(f"[train] target-answer corpus {', '.join(corpora)}: {int(t_m.sum()):,} answer tokens for training, "
           f"{int(h_m.sum()):,} held out", file=sys.stderr)
   elif args.target_corpus not in (None, "none"):
-    missing = [c for c in corpora if not os.path.isdir(c)]
-    fail(f"no target-answer corpus at {', '.join(missing) or repr(args.target_corpus)} "
-         "(make one with scripts/make_target_corpus.py)")
+    missing = [c for c in corpora if not os.path.isdir(c)]  # not empty: the branch above takes all-present
+    fail(f"no target-answer corpus at {', '.join(missing)} (make one with scripts/make_target_corpus.py)")
   n_target = int(round(args.corpus_mix * tc.batch_size)) if t_win is not None else 0
   train_ids_for_vocab = windows[train_idx].reshape(-1)
   train_mask_for_vocab = wmask[train_idx].reshape(-1)
