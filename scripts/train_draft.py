@@ -10,6 +10,11 @@ directories, comma-separated, are read as one corpus). With that
 corpus, the draft exported is the one with the best agreement on held-out *target answers* (what acceptance
 measures); without it, on held-out ShareGPT text.
 
+Distillation (--distill-weight) runs the target on every batch, which is most of a CPU train step. With
+--teacher-top-k K (and --corpus-mix 1) the target's top-K over the draft's head is computed once per target-answer
+window, cached under <work-dir>/teacher_cache/ (resumable; keyed by the windows, the head and K), and every later
+step and pass reads it instead.
+
 Progress goes to stderr; the train state (params + optimizer) is saved every --save-every steps under --work-dir and
 training resumes from it. At each evaluation the draft is exported to --out (config.json, params/, tokenizer.json,
 extra.json with the recipe and measured agreement) when its agreement is the best so far.
@@ -48,6 +53,10 @@ def parse_args(argv=None):
   p.add_argument("--lr", type=float, default=None)
   p.add_argument("--warmup", type=int, default=None, help="learning-rate warm-up steps")
   p.add_argument("--distill-weight", type=float, default=None, help="weight of KL to the target (0 = hard labels)")
+  p.add_argument("--teacher-top-k", type=int, default=None,
+                 help="distil toward the target's top-K (over the draft's head) on the target-answer windows, "
+                      "computed once and cached under --work-dir, instead of a target forward every step "
+                      "(needs --corpus-mix 1 and --distill-weight > 0; default 0: the full distribution, live)")
   p.add_argument("--eval-every", type=int, default=None)
   p.add_argument("--save-every", type=int, default=None)
   p.add_argument("--max-conversations", type=int, default=None, help="use only the first N ShareGPT conversations")
@@ -76,7 +85,8 @@ def main(argv=None):
   if args.tiny:
     tc = dataclasses.replace(tc, seq_len=32, batch_size=2, steps=3, eval_every=2, save_every=2, eval_windows=2,
                              warmup=1)
-  for name in ("steps", "batch_size", "seq_len", "lr", "warmup", "distill_weight", "eval_every", "save_every"):
+  for name in ("steps", "batch_size", "seq_len", "lr", "warmup", "distill_weight", "teacher_top_k", "eval_every",
+               "save_every"):
     v = getattr(args, name)
     if v is not None:
       tc = dataclasses.replace(tc, **{name: v})
@@ -87,6 +97,11 @@ def main(argv=None):
     fail(f"--until must be in [1, --steps = {tc.steps}], got {until}")
   if not 0 <= args.corpus_mix <= 1:
     fail(f"--corpus-mix must be in [0, 1], got {args.corpus_mix}")
+  if tc.teacher_top_k < 0:
+    fail(f"--teacher-top-k must be >= 0, got {tc.teacher_top_k}")
+  if tc.teacher_top_k and (tc.distill_weight <= 0 or args.corpus_mix != 1):
+    fail("--teacher-top-k caches the distillation teacher on the target-answer corpus: it needs --distill-weight > 0 "
+         "and --corpus-mix 1")
   out = args.out or os.path.join(checkpoints.CHECKPOINT_DIR, checkpoints.DEFAULT_DRAFT_NAME)
   work = os.path.abspath(args.work_dir or os.path.join(checkpoints.CHECKPOINT_DIR, "draft-train"))
   os.makedirs(work, exist_ok=True)
@@ -210,6 +225,30 @@ def main(argv=None):
   tev_top = train.target_argmax(tparams, tcfg, tev_tokens) if tev_tokens is not None else None
   metric = "target_answers" if tev_top is not None else "sharegpt"
 
+  # The teacher: the target's top-k on the target-answer windows, computed once (or the target on every batch).
+  t_rows = t_probs = None
+  if tc.teacher_top_k:
+    head_size = cfg.head_vocab or cfg.vocab_size
+    if t_win is None:
+      fail("--teacher-top-k caches the target on the target-answer corpus, and there is none (--target-corpus)")
+    if not 1 <= tc.teacher_top_k <= head_size:
+      fail(f"--teacher-top-k must be in [1, {head_size}] (the draft's head), got {tc.teacher_top_k}")
+    cache = train.TeacherCache(os.path.join(work, "teacher_cache"), t_win,
+                               head_ids if cfg.head_vocab is not None else None, os.path.basename(target_dir),
+                               tc.teacher_top_k)
+    todo = cache.missing()
+    if todo:
+      print(f"[train] teacher cache: the target's top-{tc.teacher_top_k} on {len(t_win)} windows "
+            f"({len(todo)} of {cache.n_chunks} chunks to compute) -> {cache.dir}", file=sys.stderr)
+      cbar = tqdm(total=len(t_win), initial=len(t_win) - cache.missing_windows(), desc="teacher cache",
+                  unit="window", disable=args.tiny, mininterval=5)
+      cache.build(tparams, tcfg, progress=cbar.update)
+      cbar.close()
+    t_rows, t_probs = cache.load()
+    kept = float((t_probs.astype(np.float32).sum(-1) * t_wmask[:, 1:]).sum() / max(t_wmask[:, 1:].sum(), 1))
+    print(f"[train] teacher: the target's top-{tc.teacher_top_k} from {cache.dir}, {kept:.3f} of its probability "
+          f"on answer tokens", file=sys.stderr)
+
   step_fn = train.make_train_step(cfg, opt, tcfg, tc.distill_weight)
   best_file = os.path.join(work, "best.json")
   best = None
@@ -238,7 +277,9 @@ def main(argv=None):
       toks = np.concatenate([windows[sel], t_win[tsel]])
       msk = np.concatenate([wmask[sel], t_wmask[tsel]])
     batch = {"tokens": jnp.asarray(toks), "mask": jnp.asarray(msk)}
-    params, opt_state, met = step_fn(params, opt_state, batch, tparams)
+    if t_rows is not None:  # every row is a target-answer window (--corpus-mix 1)
+      batch.update(t_rows=jnp.asarray(t_rows[tsel].astype(np.int32)), t_probs=jnp.asarray(t_probs[tsel], jnp.float32))
+    params, opt_state, met = step_fn(params, opt_state, batch, None if t_rows is not None else tparams)
     done = step + 1
     if done % 20 == 0 or args.tiny:
       bar.set_postfix(loss=f"{float(met['loss']):.3f}", acc=f"{float(met['acc']):.3f}")

@@ -33,6 +33,7 @@ class TrainConfig:
   eval_every: int = 200
   save_every: int = 200
   distill_weight: float = 0.0  # 0: hard labels only; >0: mix in KL to the target's distribution (costs a target forward)
+  teacher_top_k: int = 0  # >0: distil toward the target's top-k, computed once per window (TeacherCache)
   eval_windows: int = 16
 
 
@@ -155,7 +156,12 @@ def loss_fn(params, batch, cfg: ModelConfig, teacher_probs=None, distill_weight:
   ce = (nll * m).sum() / denom
   loss = ce
   if teacher_probs is not None and distill_weight > 0:
-    kl = -(teacher_probs * logp).sum(-1)
+    if isinstance(teacher_probs, tuple):  # the target's top-k: (head rows, probabilities), renormalised
+      t_rows, t_p = teacher_probs
+      t_p = t_p / jnp.maximum(t_p.sum(-1, keepdims=True), 1e-9)
+      kl = -(t_p * jnp.take_along_axis(logp, t_rows, -1)).sum(-1)
+    else:
+      kl = -(teacher_probs * logp).sum(-1)
     loss = (1 - distill_weight) * ce + distill_weight * (kl * m).sum() / denom
   acc = ((jnp.argmax(logits, -1) == rows) * m).sum() / denom
   return loss, {"ce": ce, "acc": acc}
@@ -173,17 +179,29 @@ def init_opt_state(opt, params):
   return opt.init(split_tables(params)[0])
 
 
-def make_train_step(cfg: ModelConfig, opt, target_cfg: ModelConfig | None = None, distill_weight: float = 0.0):
-  """Returns a jitted step(params, opt_state, batch, target_params) -> (params, opt_state, metrics)."""
+def _teacher_probs(target_params, target_cfg: ModelConfig, head_ids, tokens):
+  """Returns the target's next-token distribution over the draft's head ([N, T, V_head]) at tokens[:, :-1]."""
+  logits = model.forward_full(target_params, tokens[:, :-1], target_cfg)
+  if head_ids is not None:
+    logits = logits[..., head_ids]
+  return jax.lax.stop_gradient(jax.nn.softmax(logits, -1))
 
-  def teacher(target_params, params, tokens):
-    logits = model.forward_full(target_params, tokens[:, :-1], target_cfg)
-    if cfg.head_vocab is not None:
-      logits = logits[..., params["head_ids"]]
-    return jax.lax.stop_gradient(jax.nn.softmax(logits, -1))
+
+def make_train_step(cfg: ModelConfig, opt, target_cfg: ModelConfig | None = None, distill_weight: float = 0.0):
+  """Returns a jitted step(params, opt_state, batch, target_params) -> (params, opt_state, metrics).
+
+  With distillation, the teacher is the target run on the batch (target_params), or, when the batch carries
+  "t_rows" and "t_probs" (the target's top-k from a TeacherCache), those: then target_params may be None.
+  """
 
   def step(params, opt_state, batch, target_params):
-    tp = teacher(target_params, params, batch["tokens"]) if distill_weight > 0 else None
+    if distill_weight <= 0:
+      tp = None
+    elif "t_rows" in batch:
+      tp = (batch["t_rows"], batch["t_probs"])
+    else:
+      tp = _teacher_probs(target_params, target_cfg, params["head_ids"] if cfg.head_vocab is not None else None,
+                          batch["tokens"])
     weights, tables = split_tables(params)
     (loss, met), grads = jax.value_and_grad(
         lambda w: loss_fn({**w, **tables}, batch, cfg, tp, distill_weight), has_aux=True)(weights)
@@ -192,6 +210,70 @@ def make_train_step(cfg: ModelConfig, opt, target_cfg: ModelConfig | None = None
     return {**weights, **tables}, opt_state, dict(met, loss=loss)
 
   return jax.jit(step, donate_argnums=(0, 1))
+
+
+class TeacherCache:
+  """The target's top-k next-token distribution over the draft's head, per position of a fixed set of windows.
+
+  Distillation otherwise runs the 135M-parameter target on every batch (most of a CPU train step), again for every
+  pass over the same windows. The cache computes it once, in resumable chunks of `chunk` windows written atomically
+  under `root/<fingerprint>/`; the fingerprint covers the windows, the head vocabulary, the target and k, so a
+  changed corpus gets a new cache instead of a wrong one. Rows are head indices (uint16), probabilities float16.
+  """
+
+  def __init__(self, root: str, windows: np.ndarray, head_ids: np.ndarray | None, target_name: str, k: int,
+               chunk: int = 64):
+    import hashlib
+
+    if k < 1:
+      raise ValueError(f"teacher top-k must be >= 1, got {k}")
+    h = hashlib.sha1()
+    for part in (np.ascontiguousarray(windows, np.int32), np.asarray([] if head_ids is None else head_ids, np.int64)):
+      h.update(str(part.shape).encode())
+      h.update(part.tobytes())
+    h.update(f"{target_name}|{k}|{chunk}".encode())
+    self.dir = os.path.join(root, h.hexdigest()[:16])
+    self.windows, self.head_ids, self.k, self.chunk = windows, head_ids, k, chunk
+    self.n_chunks = -(-len(windows) // chunk)
+
+  def _path(self, c: int) -> str:
+    return os.path.join(self.dir, f"chunk_{c:05d}.npz")
+
+  def missing(self) -> list[int]:
+    return [c for c in range(self.n_chunks) if not os.path.exists(self._path(c))]
+
+  def missing_windows(self) -> int:
+    return sum(len(self.windows[c * self.chunk:(c + 1) * self.chunk]) for c in self.missing())
+
+  def build(self, target_params, target_cfg: ModelConfig, progress=None, sub_batch: int = 4) -> None:
+    """Computes the chunks not yet on disk; `progress(n_windows_done)` is called after each chunk."""
+    os.makedirs(self.dir, exist_ok=True)
+    head = None if self.head_ids is None else jnp.asarray(self.head_ids)
+    k = self.k
+
+    @jax.jit
+    def top(tp, toks):
+      p = _teacher_probs(tp, target_cfg, head, toks)
+      vals, rows = jax.lax.top_k(p, k)
+      return rows.astype(jnp.uint16), vals.astype(jnp.float16)
+
+    for c in self.missing():
+      w = self.windows[c * self.chunk:(c + 1) * self.chunk]
+      outs = [top(target_params, jnp.asarray(w[i:i + sub_batch])) for i in range(0, len(w), sub_batch)]
+      rows = np.concatenate([np.asarray(o[0]) for o in outs])
+      probs = np.concatenate([np.asarray(o[1]) for o in outs])
+      tmp = self._path(c)[:-4] + ".tmp.npz"
+      np.savez(tmp, rows=rows, probs=probs)
+      os.replace(tmp, self._path(c))
+      if progress is not None:
+        progress(len(w))
+
+  def load(self) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (rows [W, T, k] uint16, probs [W, T, k] float16) for all windows; every chunk must be built."""
+    if self.missing():
+      raise RuntimeError(f"teacher cache {self.dir} is incomplete: build() it first")
+    zs = [np.load(self._path(c)) for c in range(self.n_chunks)]
+    return np.concatenate([z["rows"] for z in zs]), np.concatenate([z["probs"] for z in zs])
 
 
 def target_argmax(target_params, target_cfg: ModelConfig, tokens: np.ndarray, chunk: int = 4) -> np.ndarray:

@@ -121,6 +121,22 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
           f"{work / 'target_answers'},{tmp_path / 'missing'}")
   assert r.returncode == 2 and f"no target-answer corpus at {tmp_path / 'missing'} " in r.stderr
+  # The cached teacher: built once under the work dir, read again (not recomputed) by a resume.
+  cached = ["--tiny", "--work-dir", str(tmp_path / "work5"), "--out", str(tmp_path / "d5"), "--max-conversations",
+            "20", "--target-corpus", str(work / "target_answers"), "--corpus-mix", "1", "--distill-weight", "0.5",
+            "--teacher-top-k", "8"]
+  r = run("train_draft.py", *cached)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "teacher cache: the target's top-8" in r.stderr and "of its probability on answer tokens" in r.stderr
+  kept = float(re.search(r"top-8 from .*?, ([\d.]+) of its probability", r.stderr).group(1))
+  assert 0 < kept <= 1.001
+  assert json.loads((tmp_path / "d5" / "extra.json").read_text())["train_config"]["teacher_top_k"] == 8
+  r = run("train_draft.py", *cached, "--steps", "4")
+  assert r.returncode == 0 and "resumed from step 3" in r.stderr and "teacher cache:" not in r.stderr
+  for bad, msg in ((["--corpus-mix", "0.5"], "--corpus-mix 1"), (["--teacher-top-k", "513"], "[1, 512]"),
+                   (["--target-corpus", "none"], "there is none")):
+    r = run("train_draft.py", *cached, "--fresh", *bad)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
 def test_answer_shards_heldout_rule_is_stable(tmp_path):

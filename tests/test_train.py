@@ -1,0 +1,81 @@
+"""Draft training pieces: the cached (top-k) distillation teacher against the live one."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssd_jax import model, train
+from ssd_jax.config import ModelConfig
+
+V = 96
+TARGET = ModelConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64,
+                     max_seq_len=64, name="tiny-target")
+DRAFT = ModelConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32,
+                    max_seq_len=64, head_vocab=40, tie_embeddings=True, name="tiny-draft")
+
+
+def _setup(seed=0, windows=6, seq=12):
+  rng = np.random.default_rng(seed)
+  tparams = model.init_params(jax.random.key(1), TARGET, scale=0.3)  # peaked enough that top-k matters
+  head_ids = np.sort(rng.choice(V, DRAFT.head_vocab, replace=False)).astype(np.int64)
+  dparams = train.init_draft_from_target(jax.random.key(2), DRAFT, TARGET, tparams, head_ids)
+  toks = rng.integers(0, V, (windows, seq + 1)).astype(np.int32)
+  mask = (rng.random((windows, seq + 1)) < 0.7).astype(np.float32)
+  return tparams, dparams, head_ids, toks, mask
+
+
+TC = train.TrainConfig(lr=1e-2, warmup=1, steps=5, distill_weight=0.8)
+OPT = train.make_optimizer(TC)
+STEP = train.make_train_step(DRAFT, OPT, TARGET, TC.distill_weight)
+
+
+def _step_loss(dparams, batch, tparams):
+  p = jax.tree.map(lambda x: jnp.array(x, copy=True), dparams)  # the step donates its inputs
+  new, _, met = STEP(p, train.init_opt_state(OPT, p), batch, tparams)
+  return float(met["loss"]), new
+
+
+def test_cache_matches_live_teacher_and_full_k_gives_the_same_step(tmp_path):
+  tparams, dparams, head_ids, toks, mask = _setup()
+  cache = train.TeacherCache(str(tmp_path), toks, head_ids, "tiny-target", DRAFT.head_vocab, chunk=4)
+  cache.build(tparams, TARGET)
+  rows, probs = cache.load()
+  assert rows.shape == probs.shape == (len(toks), toks.shape[1] - 1, DRAFT.head_vocab)
+  # The cache holds the live teacher's distribution (sorted, float16).
+  live = np.asarray(train._teacher_probs(tparams, TARGET, jnp.asarray(head_ids), jnp.asarray(toks)))
+  np.testing.assert_allclose(np.take_along_axis(live, rows.astype(np.int64), -1), probs, rtol=2e-3, atol=1e-4)
+  assert (np.diff(probs.astype(np.float32), axis=-1) <= 0).all()
+  # With k = the whole head, the cached step is the live step: same loss, same update.
+  batch = {"tokens": jnp.asarray(toks[:4]), "mask": jnp.asarray(mask[:4])}
+  loss_live, p_live = _step_loss(dparams, batch, tparams)
+  cached = dict(batch, t_rows=jnp.asarray(rows[:4].astype(np.int32)), t_probs=jnp.asarray(probs[:4], jnp.float32))
+  loss_cached, p_cached = _step_loss(dparams, cached, None)
+  assert abs(loss_live - loss_cached) < 1e-3 * abs(loss_live)
+  np.testing.assert_allclose(np.asarray(p_cached["embed"]), np.asarray(p_live["embed"]), atol=1e-5)
+  # The comparison can tell teachers apart: a top-2 teacher gives another loss, and a wrong row mapping too.
+  top2 = dict(batch, t_rows=cached["t_rows"][..., :2], t_probs=cached["t_probs"][..., :2])
+  assert abs(_step_loss(dparams, top2, None)[0] - loss_live) > 1e-3 * abs(loss_live)
+  shifted = dict(cached, t_rows=(cached["t_rows"] + 1) % DRAFT.head_vocab)
+  assert abs(_step_loss(dparams, shifted, None)[0] - loss_live) > 1e-3 * abs(loss_live)
+
+
+def test_cache_resumes_by_chunk_and_is_keyed_by_its_inputs(tmp_path):
+  tparams, _, head_ids, toks, _ = _setup(windows=7)
+  cache = train.TeacherCache(str(tmp_path), toks, head_ids, "tiny-target", 5, chunk=3)
+  assert cache.n_chunks == 3 and cache.missing() == [0, 1, 2] and cache.missing_windows() == 7
+  done = []
+  cache.build(tparams, TARGET, progress=done.append)
+  assert done == [3, 3, 1] and cache.missing() == []
+  rows, probs = cache.load()
+  os.remove(os.path.join(cache.dir, "chunk_00001.npz"))  # an interrupted build: only that chunk is redone
+  done.clear()
+  cache.build(tparams, TARGET, progress=done.append)
+  assert done == [3]
+  rows2, probs2 = cache.load()
+  assert (rows2 == rows).all() and (probs2 == probs).all()
+  # Other windows, another head, another k: another directory, never the stale cache.
+  other = [train.TeacherCache(str(tmp_path), toks[::-1].copy(), head_ids, "tiny-target", 5, chunk=3),
+           train.TeacherCache(str(tmp_path), toks, head_ids[::-1].copy(), "tiny-target", 5, chunk=3),
+           train.TeacherCache(str(tmp_path), toks, head_ids, "tiny-target", 4, chunk=3)]
+  assert len({cache.dir, *(c.dir for c in other)}) == 4 and all(c.missing() == [0, 1, 2] for c in other)
