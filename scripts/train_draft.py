@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -242,8 +243,12 @@ def main(argv=None):
             f"({len(todo)} of {cache.n_chunks} chunks to compute) -> {cache.dir}", file=sys.stderr)
       cbar = tqdm(total=len(t_win), initial=len(t_win) - cache.missing_windows(), desc="teacher cache",
                   unit="window", disable=args.tiny, mininterval=5)
+      n_todo, t_build = cache.missing_windows(), time.perf_counter()
       cache.build(tparams, tcfg, progress=cbar.update)
       cbar.close()
+      t_build = time.perf_counter() - t_build
+      print(f"[train] teacher cache: {n_todo} windows in {t_build:.0f} s ({t_build / n_todo:.3f} s a window)",
+            file=sys.stderr)
     t_rows, t_probs = cache.load()
     kept = float((t_probs.astype(np.float32).sum(-1) * t_wmask[:, 1:]).sum() / max(t_wmask[:, 1:].sum(), 1))
     print(f"[train] teacher: the target's top-{tc.teacher_top_k} from {cache.dir}, {kept:.3f} of its probability "
@@ -263,6 +268,7 @@ def main(argv=None):
   bar = tqdm(range(start, until), initial=start, total=until, desc="train draft", unit="step",
              disable=args.tiny, mininterval=5)
   met = {}
+  step_seconds, t0 = 0.0, time.perf_counter()  # training steps only: evaluation and saving are left out
   for step in bar:
     if n_target == 0:  # ShareGPT only: epochs of a seeded permutation
       perm = np.random.default_rng(tc.seed + 1 + step // max(1, len(train_idx) // tc.batch_size)).permutation(
@@ -283,6 +289,11 @@ def main(argv=None):
     done = step + 1
     if done % 20 == 0 or args.tiny:
       bar.set_postfix(loss=f"{float(met['loss']):.3f}", acc=f"{float(met['acc']):.3f}")
+    pause = done % tc.save_every == 0 or done % tc.eval_every == 0 or done == until
+    if pause or step == start:
+      jax.block_until_ready(params)
+      if step > start:  # the first step of a run compiles: not timed
+        step_seconds += time.perf_counter() - t0
     if done % tc.save_every == 0 or done == until:
       mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt": jax.tree.leaves(opt_state)}))
       mngr.wait_until_finished()
@@ -310,8 +321,12 @@ def main(argv=None):
         shutil.rmtree(out, ignore_errors=True)
         os.replace(out + ".tmp", out)
         train.write_json(best_file, {"agreement": agree, "step": done, "metric": metric})
+    if pause or step == start:
+      t0 = time.perf_counter()
   bar.close()
-  print(f"[train] stopped at step {until}; best held-out agreement {best:.4f}; draft at {out}", file=sys.stderr)
+  n = until - start - 1
+  rate = f"; {n} steps in {step_seconds:.0f} s ({step_seconds / n:.2f} s a step)" if n > 0 else ""
+  print(f"[train] stopped at step {until}; best held-out agreement {best:.4f}; draft at {out}{rate}", file=sys.stderr)
   return 0
 
 

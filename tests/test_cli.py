@@ -129,7 +129,7 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   assert "teacher cache: the target's top-8" in r.stderr and "of its probability on answer tokens" in r.stderr
   kept = float(re.search(r"top-8 from .*?, ([\d.]+) of its probability", r.stderr).group(1))
-  assert 0 < kept <= 1.001
+  assert 0 < kept <= 1.001 and re.search(r"windows in \d+ s", r.stderr) and re.search(r"2 steps in \d+ s", r.stderr)
   assert json.loads((tmp_path / "d5" / "extra.json").read_text())["train_config"]["teacher_top_k"] == 8
   r = run("train_draft.py", *cached, "--steps", "4")
   assert r.returncode == 0 and "resumed from step 3" in r.stderr and "teacher cache:" not in r.stderr
