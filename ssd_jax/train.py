@@ -218,7 +218,8 @@ class TeacherCache:
   Distillation otherwise runs the 135M-parameter target on every batch (most of a CPU train step), again for every
   pass over the same windows. The cache computes it once, in resumable chunks of `chunk` windows written atomically
   under `root/<fingerprint>/`; the fingerprint covers the windows, the head vocabulary, the target and k, so a
-  changed corpus gets a new cache instead of a wrong one. Rows are head indices (uint16), probabilities float16.
+  changed corpus gets a new cache instead of a wrong one. Rows are head indices (uint16 up to 65,536 of them),
+  probabilities float16.
   """
 
   def __init__(self, root: str, windows: np.ndarray, head_ids: np.ndarray | None, target_name: str, k: int,
@@ -255,7 +256,7 @@ class TeacherCache:
     def top(tp, toks):
       p = _teacher_probs(tp, target_cfg, head, toks)
       vals, rows = jax.lax.top_k(p, k)
-      return rows.astype(jnp.uint16), vals.astype(jnp.float16)
+      return rows.astype(jnp.uint16 if p.shape[-1] <= 65536 else jnp.int32), vals.astype(jnp.float16)
 
     for c in self.missing():
       w = self.windows[c * self.chunk:(c + 1) * self.chunk]
