@@ -12,8 +12,8 @@ measures); without it, on held-out ShareGPT text.
 
 Distillation (--distill-weight) runs the target on every batch, which is most of a CPU train step. With
 --teacher-top-k K (and --corpus-mix 1) the target's top-K over the draft's head is computed once per target-answer
-window, cached under <work-dir>/teacher_cache/ (resumable; keyed by the windows, the head and K), and every later
-step and pass reads it instead.
+window, cached under <work-dir>/teacher_cache/ or --teacher-cache-dir (resumable; keyed by the windows, the head
+and K, so stages on the same corpus can share it), and every later step and pass reads it instead.
 
 Progress goes to stderr; the train state (params + optimizer) is saved every --save-every steps under --work-dir and
 training resumes from it. At each evaluation the draft is exported to --out (config.json, params/, tokenizer.json,
@@ -58,6 +58,9 @@ def parse_args(argv=None):
                  help="distil toward the target's top-K (over the draft's head) on the target-answer windows, "
                       "computed once and cached under --work-dir, instead of a target forward every step "
                       "(needs --corpus-mix 1 and --distill-weight > 0; default 0: the full distribution, live)")
+  p.add_argument("--teacher-cache-dir", default=None,
+                 help="where --teacher-top-k keeps its cache (default <work-dir>/teacher_cache); caches are keyed by "
+                      "windows, head and K, so later stages on the same corpus can share one")
   p.add_argument("--eval-every", type=int, default=None)
   p.add_argument("--save-every", type=int, default=None)
   p.add_argument("--max-conversations", type=int, default=None, help="use only the first N ShareGPT conversations")
@@ -234,7 +237,7 @@ def main(argv=None):
       fail("--teacher-top-k caches the target on the target-answer corpus, and there is none (--target-corpus)")
     if not 1 <= tc.teacher_top_k <= head_size:
       fail(f"--teacher-top-k must be in [1, {head_size}] (the draft's head), got {tc.teacher_top_k}")
-    cache = train.TeacherCache(os.path.join(work, "teacher_cache"), t_win,
+    cache = train.TeacherCache(os.path.abspath(args.teacher_cache_dir or os.path.join(work, "teacher_cache")), t_win,
                                head_ids if cfg.head_vocab is not None else None, os.path.basename(target_dir),
                                tc.teacher_top_k)
     todo = cache.missing()

@@ -133,6 +133,11 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   assert json.loads((tmp_path / "d5" / "extra.json").read_text())["train_config"]["teacher_top_k"] == 8
   r = run("train_draft.py", *cached, "--steps", "4")
   assert r.returncode == 0 and "resumed from step 3" in r.stderr and "teacher cache:" not in r.stderr
+  # A later stage in another work dir shares that cache through --teacher-cache-dir.
+  shared = [*cached[:2], str(tmp_path / "work6"), *cached[3:], "--teacher-cache-dir",
+            str(tmp_path / "work5" / "teacher_cache")]
+  r = run("train_draft.py", *shared, "--steps", "1")
+  assert r.returncode == 0 and "teacher cache:" not in r.stderr and str(tmp_path / "work5") in r.stderr
   for bad, msg in ((["--corpus-mix", "0.5"], "--corpus-mix 1"), (["--teacher-top-k", "513"], "[1, 512]"),
                    (["--target-corpus", "none"], "there is none")):
     r = run("train_draft.py", *cached, "--fresh", *bad)
