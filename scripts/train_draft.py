@@ -244,9 +244,9 @@ def main(argv=None):
     if todo:
       print(f"[train] teacher cache: the target's top-{tc.teacher_top_k} on {len(t_win)} windows "
             f"({len(todo)} of {cache.n_chunks} chunks to compute) -> {cache.dir}", file=sys.stderr)
-      cbar = tqdm(total=len(t_win), initial=len(t_win) - cache.missing_windows(), desc="teacher cache",
-                  unit="window", disable=args.tiny, mininterval=5)
       n_todo, t_build = cache.missing_windows(), time.perf_counter()
+      cbar = tqdm(total=len(t_win), initial=len(t_win) - n_todo, desc="teacher cache", unit="window",
+                  disable=args.tiny, mininterval=5)
       cache.build(tparams, tcfg, progress=cbar.update)
       cbar.close()
       t_build = time.perf_counter() - t_build
