@@ -12,8 +12,9 @@ measures); without it, on held-out ShareGPT text.
 
 Distillation (--distill-weight) runs the target on every batch, which is most of a CPU train step. With
 --teacher-top-k K (and --corpus-mix 1) the target's top-K over the draft's head is computed once per target-answer
-window, cached under <work-dir>/teacher_cache/ or --teacher-cache-dir (resumable; keyed by the windows, the head
-and K, so stages on the same corpus can share it), and every later step and pass reads it instead.
+window, cached under <work-dir>/teacher_cache/ or --teacher-cache-dir (resumable; chunks keyed by their windows, the
+head and K, so later stages share it and a grown corpus computes only its new windows), and every later step and
+pass reads it instead.
 
 Progress goes to stderr; the train state (params + optimizer) is saved every --save-every steps under --work-dir and
 training resumes from it. At each evaluation the draft is exported to --out (config.json, params/, tokenizer.json,
@@ -59,8 +60,8 @@ def parse_args(argv=None):
                       "computed once and cached under --work-dir, instead of a target forward every step "
                       "(needs --corpus-mix 1 and --distill-weight > 0; default 0: the full distribution, live)")
   p.add_argument("--teacher-cache-dir", default=None,
-                 help="where --teacher-top-k keeps its cache (default <work-dir>/teacher_cache); caches are keyed by "
-                      "windows, head and K, so later stages on the same corpus can share one")
+                 help="where --teacher-top-k keeps its cache (default <work-dir>/teacher_cache); chunks are keyed by "
+                      "their windows, head and K, so later stages, also on a grown corpus, can share one")
   p.add_argument("--eval-every", type=int, default=None)
   p.add_argument("--save-every", type=int, default=None)
   p.add_argument("--max-conversations", type=int, default=None, help="use only the first N ShareGPT conversations")

@@ -216,10 +216,11 @@ class TeacherCache:
   """The target's top-k next-token distribution over the draft's head, per position of a fixed set of windows.
 
   Distillation otherwise runs the 135M-parameter target on every batch (most of a CPU train step), again for every
-  pass over the same windows. The cache computes it once, in resumable chunks of `chunk` windows written atomically
-  under `root/<fingerprint>/`; the fingerprint covers the windows, the head vocabulary, the target and k, so a
-  changed corpus gets a new cache instead of a wrong one. Rows are head indices (uint16 up to 65,536 of them),
-  probabilities float16.
+  pass over the same windows. The cache computes it once, in resumable chunks of `chunk` windows, each written
+  atomically under `root/<key of head, target and k>/chunk_<key of its windows>.npz`. Chunks are addressed by their
+  content: a changed corpus never reads a stale chunk, and a grown one (make_windows over more shards appends
+  windows) reuses every chunk it shares and computes only the new ones. Rows are head indices (uint16 up to 65,536
+  of them), probabilities float16.
   """
 
   def __init__(self, root: str, windows: np.ndarray, head_ids: np.ndarray | None, target_name: str, k: int,
@@ -228,17 +229,26 @@ class TeacherCache:
 
     if k < 1:
       raise ValueError(f"teacher top-k must be >= 1, got {k}")
-    h = hashlib.sha1()
-    for part in (np.ascontiguousarray(windows, np.int32), np.asarray([] if head_ids is None else head_ids, np.int64)):
-      h.update(str(part.shape).encode())
-      h.update(part.tobytes())
-    h.update(f"{target_name}|{k}|{chunk}".encode())
-    self.dir = os.path.join(root, h.hexdigest()[:16])
+
+    def key(*parts) -> str:
+      h = hashlib.sha1()
+      for part in parts:
+        if isinstance(part, str):
+          h.update(part.encode())
+        else:
+          h.update(str(part.shape).encode())
+          h.update(part.tobytes())
+      return h.hexdigest()[:16]
+
+    self.dir = os.path.join(root, key(np.asarray([] if head_ids is None else head_ids, np.int64),
+                                      f"{target_name}|{k}"))
     self.windows, self.head_ids, self.k, self.chunk = windows, head_ids, k, chunk
     self.n_chunks = -(-len(windows) // chunk)
+    w = np.ascontiguousarray(windows, np.int32)
+    self._keys = [key(w[c * chunk:(c + 1) * chunk]) for c in range(self.n_chunks)]
 
   def _path(self, c: int) -> str:
-    return os.path.join(self.dir, f"chunk_{c:05d}.npz")
+    return os.path.join(self.dir, f"chunk_{self._keys[c]}.npz")
 
   def missing(self) -> list[int]:
     return [c for c in range(self.n_chunks) if not os.path.exists(self._path(c))]

@@ -68,14 +68,27 @@ def test_cache_resumes_by_chunk_and_is_keyed_by_its_inputs(tmp_path):
   cache.build(tparams, TARGET, progress=done.append)
   assert done == [3, 3, 1] and cache.missing() == []
   rows, probs = cache.load()
-  os.remove(os.path.join(cache.dir, "chunk_00001.npz"))  # an interrupted build: only that chunk is redone
+  os.remove(cache._path(1))  # an interrupted build: only that chunk is redone
   done.clear()
   cache.build(tparams, TARGET, progress=done.append)
   assert done == [3]
   rows2, probs2 = cache.load()
   assert (rows2 == rows).all() and (probs2 == probs).all()
-  # Other windows, another head, another k: another directory, never the stale cache.
-  other = [train.TeacherCache(str(tmp_path), toks[::-1].copy(), head_ids, "tiny-target", 5, chunk=3),
-           train.TeacherCache(str(tmp_path), toks, head_ids[::-1].copy(), "tiny-target", 5, chunk=3),
+  # Another head or another k: another directory; other windows: other chunks. Never a stale chunk.
+  other = [train.TeacherCache(str(tmp_path), toks, head_ids[::-1].copy(), "tiny-target", 5, chunk=3),
            train.TeacherCache(str(tmp_path), toks, head_ids, "tiny-target", 4, chunk=3)]
-  assert len({cache.dir, *(c.dir for c in other)}) == 4 and all(c.missing() == [0, 1, 2] for c in other)
+  assert len({cache.dir, *(c.dir for c in other)}) == 3 and all(c.missing() == [0, 1, 2] for c in other)
+  reordered = train.TeacherCache(str(tmp_path), toks[::-1].copy(), head_ids, "tiny-target", 5, chunk=3)
+  assert reordered.dir == cache.dir and reordered.missing() == [0, 1, 2]
+  # A grown corpus (windows appended) computes only the chunks it does not share, and reads the shared ones.
+  more = np.concatenate([toks[:6], _setup(seed=5, windows=4)[3]])
+  grown = train.TeacherCache(str(tmp_path), more, head_ids, "tiny-target", 5, chunk=3)
+  assert grown.dir == cache.dir and grown.missing() == [2, 3] and grown.missing_windows() == 4
+  done.clear()
+  grown.build(tparams, TARGET, progress=done.append)
+  assert done == [3, 1]
+  g_rows, g_probs = grown.load()
+  assert (g_rows[:6] == rows[:6]).all() and (g_probs[:6] == probs[:6]).all()
+  live = np.asarray(train._teacher_probs(tparams, TARGET, jnp.asarray(head_ids), jnp.asarray(more[6:])))
+  np.testing.assert_allclose(np.take_along_axis(live, g_rows[6:].astype(np.int64), -1), g_probs[6:], rtol=2e-3,
+                             atol=1e-4)
