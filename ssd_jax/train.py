@@ -244,8 +244,10 @@ class TeacherCache:
                                       f"{target_name}|{k}"))
     self.windows, self.head_ids, self.k, self.chunk = windows, head_ids, k, chunk
     self.n_chunks = -(-len(windows) // chunk)
-    w = np.ascontiguousarray(windows, np.int32)
-    self._keys = [key(w[c * chunk:(c + 1) * chunk]) for c in range(self.n_chunks)]
+    self._keys = [key(np.ascontiguousarray(self._chunk_windows(c), np.int32)) for c in range(self.n_chunks)]
+
+  def _chunk_windows(self, c: int) -> np.ndarray:
+    return self.windows[c * self.chunk:(c + 1) * self.chunk]
 
   def _path(self, c: int) -> str:
     return os.path.join(self.dir, f"chunk_{self._keys[c]}.npz")
@@ -254,7 +256,7 @@ class TeacherCache:
     return [c for c in range(self.n_chunks) if not os.path.exists(self._path(c))]
 
   def missing_windows(self) -> int:
-    return sum(len(self.windows[c * self.chunk:(c + 1) * self.chunk]) for c in self.missing())
+    return sum(len(self._chunk_windows(c)) for c in self.missing())
 
   def build(self, target_params, target_cfg: ModelConfig, progress=None, sub_batch: int = 4) -> None:
     """Computes the chunks not yet on disk; `progress(n_windows_done)` is called after each chunk."""
@@ -269,7 +271,7 @@ class TeacherCache:
       return rows.astype(jnp.uint16 if p.shape[-1] <= 65536 else jnp.int32), vals.astype(jnp.float16)
 
     for c in self.missing():
-      w = self.windows[c * self.chunk:(c + 1) * self.chunk]
+      w = self._chunk_windows(c)
       outs = [top(target_params, jnp.asarray(w[i:i + sub_batch])) for i in range(0, len(w), sub_batch)]
       rows = np.concatenate([np.asarray(o[0]) for o in outs])
       probs = np.concatenate([np.asarray(o[1]) for o in outs])
@@ -280,7 +282,8 @@ class TeacherCache:
         progress(len(w))
 
   def load(self) -> tuple[np.ndarray, np.ndarray]:
-    """Returns (rows [W, T, k] uint16, probs [W, T, k] float16) for all windows; every chunk must be built."""
+    """Returns (rows [W, T, k] uint16 (int32 above 65,536 head rows), probs [W, T, k] float16) for all windows;
+    every chunk must be built."""
     if self.missing():
       raise RuntimeError(f"teacher cache {self.dir} is incomplete: build() it first")
     zs = [np.load(self._path(c)) for c in range(self.n_chunks)]

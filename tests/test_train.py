@@ -25,6 +25,12 @@ def _setup(seed=0, windows=6, seq=12):
   return tparams, dparams, head_ids, toks, mask
 
 
+def _assert_live_teacher(tparams, head_ids, toks, rows, probs):
+  """The cached rows and probabilities are the live teacher's (float16)."""
+  live = np.asarray(train._teacher_probs(tparams, TARGET, jnp.asarray(head_ids), jnp.asarray(toks)))
+  np.testing.assert_allclose(np.take_along_axis(live, rows.astype(np.int64), -1), probs, rtol=2e-3, atol=1e-4)
+
+
 TC = train.TrainConfig(lr=1e-2, warmup=1, steps=5, distill_weight=0.8)
 OPT = train.make_optimizer(TC)
 STEP = train.make_train_step(DRAFT, OPT, TARGET, TC.distill_weight)
@@ -43,8 +49,7 @@ def test_cache_matches_live_teacher_and_full_k_gives_the_same_step(tmp_path):
   rows, probs = cache.load()
   assert rows.shape == probs.shape == (len(toks), toks.shape[1] - 1, DRAFT.head_vocab)
   # The cache holds the live teacher's distribution (sorted, float16).
-  live = np.asarray(train._teacher_probs(tparams, TARGET, jnp.asarray(head_ids), jnp.asarray(toks)))
-  np.testing.assert_allclose(np.take_along_axis(live, rows.astype(np.int64), -1), probs, rtol=2e-3, atol=1e-4)
+  _assert_live_teacher(tparams, head_ids, toks, rows, probs)
   assert (np.diff(probs.astype(np.float32), axis=-1) <= 0).all()
   # With k = the whole head, the cached step is the live step: same loss, same update.
   batch = {"tokens": jnp.asarray(toks[:4]), "mask": jnp.asarray(mask[:4])}
@@ -89,6 +94,4 @@ def test_cache_resumes_by_chunk_and_is_keyed_by_its_inputs(tmp_path):
   assert done == [3, 1]
   g_rows, g_probs = grown.load()
   assert (g_rows[:6] == rows[:6]).all() and (g_probs[:6] == probs[:6]).all()
-  live = np.asarray(train._teacher_probs(tparams, TARGET, jnp.asarray(head_ids), jnp.asarray(more[6:])))
-  np.testing.assert_allclose(np.take_along_axis(live, g_rows[6:].astype(np.int64), -1), g_probs[6:], rtol=2e-3,
-                             atol=1e-4)
+  _assert_live_teacher(tparams, head_ids, more[6:], g_rows[6:], g_probs[6:])
