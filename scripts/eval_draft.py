@@ -8,6 +8,9 @@ greedily; then, at every answer position, with both models reading the same text
   greedy alpha  = P(draft argmax == target argmax)
   alpha at T=1  = E[sum_x min(p(x), q(x))], the probability that speculative sampling accepts a draft token
 and the expected tokens per target forward for K = 2..8 under the i.i.d. model (1 - alpha^(K+1)) / (1 - alpha).
+Greedy SD and SSD rounds are also replayed exactly from the draft's rank of each target token (ssd_jax.acceptance):
+tokens per target forward, acceptance per drafted token, and the SSD cache hit rate at --fan-out, for K = 2..8; the
+figures `scripts/bench.py` measures at temperature 0, without running the decoders.
 It also reports the draft's cost per token against the target's: one compiled decode step of each at batch 1 after
 a 300-token cache, timed interleaved (median ms), and the weight-matrix multiply-accumulates per token.
 """
@@ -27,6 +30,7 @@ def parse_args(argv=None):
   p.add_argument("--datasets", default="humaneval,gsm8k,alpaca,mtbench")
   p.add_argument("--num-prompts", type=int, default=8)
   p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--fan-out", type=int, default=3, help="uniform fan-out for the replayed SSD cache hit rate")
   p.add_argument("--json-out")
   p.add_argument("--answers", help="a JSON file of the target's answers: read when it holds these prompts and "
                                    "settings, else written, so several drafts are scored on the same answers")
@@ -39,13 +43,13 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def main(argv=None):
   args = parse_args(argv)
-  if args.num_prompts < 1 or args.max_new_tokens < 1:
-    fail("--num-prompts and --max-new-tokens must be >= 1")
+  if min(args.num_prompts, args.max_new_tokens, args.fan_out) < 1:
+    fail("--num-prompts, --max-new-tokens and --fan-out must be >= 1")
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from ssd_jax import api, checkpoints, datasets, model
+  from ssd_jax import acceptance, api, checkpoints, datasets, model
 
   pipe = api.load(draft=None)
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
@@ -59,8 +63,12 @@ def main(argv=None):
     ld = model.forward_full(dp, tokens, dcfg)
     p = jax.nn.softmax(lt, -1)
     q = model.scatter_to_vocab(dp, jax.nn.softmax(ld, -1), dcfg)
-    greedy = jnp.argmax(lt, -1) == model.to_token_ids(dp, jnp.argmax(ld, -1), dcfg)
-    return greedy, jnp.minimum(p, q).sum(-1)
+    t_tok = jnp.argmax(lt, -1)
+    greedy = t_tok == model.to_token_ids(dp, jnp.argmax(ld, -1), dcfg)
+    # The draft's rank of the target's token (0 = its argmax); tokens outside a reduced head rank last.
+    q_t = jnp.take_along_axis(q, t_tok[..., None], -1)
+    rank = jnp.where(q_t[..., 0] > 0, (q > q_t).sum(-1), dcfg.vocab_size)
+    return greedy, jnp.minimum(p, q).sum(-1), rank
 
   cached = {}
   if args.answers and os.path.exists(args.answers):
@@ -75,7 +83,12 @@ def main(argv=None):
           "draft_over_target_time": step_ms["draft"] / step_ms["target"],
           "target_macs_per_token": macs_per_token(tcfg), "draft_macs_per_token": macs_per_token(dcfg),
           "draft_over_target_macs": macs_per_token(dcfg) / macs_per_token(tcfg)}
-  report = {}
+
+  def replay(answer_ranks):
+    return {k: acceptance.summarize([acceptance.replay_greedy_rounds(r, k, (args.fan_out,) * (k + 1))
+                                     for r in answer_ranks], k) for k in range(2, 9)}
+
+  report, pooled_ranks = {}, []
   for name in [d for d in args.datasets.split(",") if d]:
     prompts = datasets.load_prompts(name, args.num_prompts)
     entry = cached.get(name, {})
@@ -89,41 +102,53 @@ def main(argv=None):
       if args.answers:
         with open(args.answers, "w") as f:
           json.dump(cached, f)
-    g_all, s_all = [], []
+    g_all, s_all, r_all = [], [], []
     for p, answer in zip(prompts, answers):
       prompt_ids = pipe.encode_prompt(p)
       ids, n = prompt_ids + answer, len(prompt_ids)
       pad = -(-len(ids) // 64) * 64  # bucket lengths so few programs compile
       toks = np.zeros((1, pad), np.int32)
       toks[0, : len(ids)] = ids
-      gr, st = (np.asarray(x)[0] for x in stats(tparams, dparams, jnp.asarray(toks)))
+      gr, st, rk = (np.asarray(x)[0] for x in stats(tparams, dparams, jnp.asarray(toks)))
       # Position t predicts token t+1: score the positions that predict answer tokens.
       sl = slice(n - 1, len(ids) - 1)
       g_all.append(gr[sl])
       s_all.append(st[sl])
+      r_all.append(rk[sl])
+    pooled_ranks += r_all
     a0 = float(np.concatenate(g_all).mean())
     a1 = float(np.concatenate(s_all).mean())
     report[name] = {"positions": int(sum(len(x) for x in g_all)), "alpha_greedy": a0, "alpha_t1": a1,
                     "expected_tokens_greedy": {k: expected_tokens(a0, k) for k in range(2, 9)},
-                    "expected_tokens_t1": {k: expected_tokens(a1, k) for k in range(2, 9)}}
+                    "expected_tokens_t1": {k: expected_tokens(a1, k) for k in range(2, 9)},
+                    "replayed_greedy": replay(r_all)}
     print(f"[eval] {name}: greedy alpha {a0:.3f}, T=1 alpha {a1:.3f} over {report[name]['positions']} positions",
           file=sys.stderr, flush=True)
   names = list(report)
   mean0 = float(np.mean([report[n]["alpha_greedy"] for n in names]))
   mean1 = float(np.mean([report[n]["alpha_t1"] for n in names]))
-  print("\n| set | greedy alpha | T=1 alpha | E[tokens/fwd] K=4 greedy | K=8 greedy |")
-  print("|---|---|---|---|---|")
+  pooled = {"replayed_greedy": replay(pooled_ranks)}
+  print("\n| set | greedy alpha | T=1 alpha | E[tokens/fwd] K=4 greedy | K=8 greedy "
+        f"| replayed K=2: tokens/fwd, acceptance, hit rate F={args.fan_out} | replayed K=4 |")
+  print("|---|---|---|---|---|---|---|")
+
+  def replayed(r, k):
+    x = r["replayed_greedy"][k]
+    hit = "-" if x["cache_hit_rate"] is None else f"{x['cache_hit_rate']:.2f}"
+    return f"{x['tokens_per_forward']:.2f}, {x['acceptance']:.2f}, {hit}"
+
   for n in names:
     r = report[n]
     print(f"| {n} | {r['alpha_greedy']:.3f} | {r['alpha_t1']:.3f} | {r['expected_tokens_greedy'][4]:.2f} | "
-          f"{r['expected_tokens_greedy'][8]:.2f} |")
-  print(f"| mean | {mean0:.3f} | {mean1:.3f} | {expected_tokens(mean0, 4):.2f} | {expected_tokens(mean0, 8):.2f} |")
+          f"{r['expected_tokens_greedy'][8]:.2f} | {replayed(r, 2)} | {replayed(r, 4)} |")
+  print(f"| mean (replays: pooled) | {mean0:.3f} | {mean1:.3f} | {expected_tokens(mean0, 4):.2f} | "
+        f"{expected_tokens(mean0, 8):.2f} | {replayed(pooled, 2)} | {replayed(pooled, 4)} |")
   print(f"\ncost per token: draft {cost['draft_step_ms']:.2f} ms / target {cost['target_step_ms']:.2f} ms = "
         f"{cost['draft_over_target_time']:.3f}x (multiply-accumulates {cost['draft_over_target_macs']:.3f}x)")
   if args.json_out:
     with open(args.json_out, "w") as f:
       json.dump({"args": vars(args), "sets": report, "mean_alpha_greedy": mean0, "mean_alpha_t1": mean1,
-                 "cost": cost}, f, indent=1)
+                 "pooled_replayed_greedy": pooled["replayed_greedy"], "cost": cost}, f, indent=1)
   return 0
 
 

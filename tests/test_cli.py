@@ -169,6 +169,11 @@ def test_eval_draft_scores_the_shipped_draft_and_reuses_answers(tmp_path):
   a = s["alpha_greedy"]
   assert s["expected_tokens_greedy"]["4"] == pytest.approx(sum(a ** i for i in range(5)))
   assert len(json.loads(answers.read_text())["gsm8k"]["answers"][0]) == s["positions"]
+  for k in ("2", "8"):  # rounds replayed from the ranks: every answer token is emitted by some round
+    x = s["replayed_greedy"][k]
+    assert x["tokens_per_forward"] == pytest.approx(s["positions"] / x["rounds"])
+    assert 1 <= x["tokens_per_forward"] <= int(k) + 1 and 0 <= x["acceptance"] <= 1
+  assert rep["pooled_replayed_greedy"] == s["replayed_greedy"]  # one set: pooled is that set
   c = rep["cost"]
   assert c["draft_step_ms"] > 0 and c["target_step_ms"] > 0
   assert c["draft_over_target_time"] == pytest.approx(c["draft_step_ms"] / c["target_step_ms"])
