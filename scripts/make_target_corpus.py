@@ -8,8 +8,8 @@ What a draft must predict is what the *target* says, and the target's answers ar
 human-written ones, so training on them (sequence-level distillation: the target's greedy token is its argmax, the
 quantity greedy acceptance measures) buys more agreement per training token than ShareGPT text does.
 
-The first user turn of each ShareGPT conversation (in the chat template, with the default system prompt) is answered
-greedily, in batches; each batch is written as a shard `shard_NNNNN.npz` (ids uint16 = prompt + answer +
+The first user turn of each ShareGPT conversation (or, with --user-turns later, each later one as a stand-alone prompt;
+in the chat template, with the default system prompt) is answered greedily, in batches; each batch is written as a shard `shard_NNNNN.npz` (ids uint16 = prompt + answer +
 end-of-turn, mask uint8 = 1 on the answer) under --out, so a stopped run resumes where it left off and training can
 start on the shards already written
 (`ssd_jax.train.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only ShareGPT is used; no benchmark or held-out prompt set.
@@ -34,34 +34,14 @@ def parse_args(argv=None):
   p.add_argument("--out", default=None, help="shard directory (default checkpoints/draft-train/target_answers)")
   p.add_argument("--num-prompts", type=int, default=4000, help="ShareGPT prompts to answer in total")
   p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N usable ShareGPT prompts")
+  p.add_argument("--user-turns", choices=("first", "later"), default="first",
+                 help="answer each conversation's first user message, or its later ones as stand-alone prompts "
+                      "(~37,500 more once the ~15,300 first ones are used)")
   p.add_argument("--max-new-tokens", type=int, default=256)
   p.add_argument("--max-prompt-tokens", type=int, default=256, help="skip longer prompts")
   p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together (one shard each)")
   p.add_argument("--tiny", action="store_true", help="three prompts, four tokens each: a smoke run for tests")
   return p.parse_args(argv)
-
-
-def first_user_turns(limit: int, skip: int = 0):
-  """Yields distinct first user messages of ShareGPT conversations, after skipping `skip` of them.
-
-  Messages of fewer than three words ("continue", "hi": a third of them answer nothing in particular) and repeats
-  are left out.
-  """
-  from ssd_jax import datasets
-
-  n = 0
-  seen = set()
-  for turns in datasets.iter_sharegpt():
-    users = [v for r, v in turns if r == "user" and v.strip()]
-    if not users or len(users[0].split()) < 3 or users[0].strip().lower() in seen:
-      continue
-    seen.add(users[0].strip().lower())
-    n += 1
-    if n <= skip:
-      continue
-    yield users[0]
-    if n - skip >= limit:
-      return
 
 
 def main(argv=None):
@@ -78,7 +58,8 @@ def main(argv=None):
     prompts = ["Hello there!", "What is two plus two?", "Name three colours."]
     args.max_new_tokens, args.batch_size = min(args.max_new_tokens, 4), min(args.batch_size, 2)
   else:
-    prompts = list(first_user_turns(args.num_prompts, args.skip_prompts))
+    from ssd_jax import datasets
+    prompts = list(datasets.sharegpt_user_turns(args.num_prompts, args.skip_prompts, args.user_turns))
   out = args.out or os.path.join(checkpoints.CHECKPOINT_DIR, "draft-train", "target_answers")
   os.makedirs(out, exist_ok=True)
   enc = [pipe.encode_prompt(p) for p in prompts]
@@ -88,7 +69,7 @@ def main(argv=None):
   batches = [keep[i:i + args.batch_size] for i in range(0, len(keep), args.batch_size)]
   done = {int(os.path.basename(f)[6:11]) for f in glob.glob(os.path.join(out, "shard_*.npz"))}
   with open(os.path.join(out, "manifest.json"), "w") as f:
-    json.dump({"source": "ShareGPT first user turns", "skip_prompts": args.skip_prompts,
+    json.dump({"source": f"ShareGPT {args.user_turns} user turns", "skip_prompts": args.skip_prompts,
                "num_prompts": len(prompts), "kept": len(keep), "batch_size": args.batch_size,
                "max_new_tokens": args.max_new_tokens, "target": args.target, "decoding": "greedy"}, f, indent=1)
   eot = pipe.tokenizer.eos_id

@@ -91,6 +91,39 @@ def iter_sharegpt(path: str | None = None, limit: int | None = None):
         return
 
 
+def sharegpt_user_turns(limit: int | None = None, skip: int = 0, which: str = "first", path: str | None = None):
+  """Yields distinct user messages of ShareGPT conversations, after skipping `skip` of them, in file order.
+
+  which="first": each conversation's first user message; which="later": its second and later ones, without those
+  that are also some conversation's first (stand-alone prompts: they often refer back to the conversation, but what
+  the target answers to them is still the target's text). Messages of fewer than three words ("continue", "hi": a
+  third of first turns answer nothing in particular) and repeats (case and surrounding space ignored) are left out.
+  """
+  if which not in ("first", "later"):
+    raise ValueError(f"which must be 'first' or 'later', got {which!r}")
+
+  def users(turns):
+    return [v for r, v in turns if r == "user" and v.strip()]
+
+  seen = set()
+  if which == "later":  # a later turn that some conversation opens with is a first turn already
+    seen = {u[0].strip().lower() for u in map(users, iter_sharegpt(path)) if u}
+  n = 0
+  for turns in iter_sharegpt(path):
+    msgs = users(turns)
+    for m in (msgs[:1] if which == "first" else msgs[1:]):
+      key = m.strip().lower()
+      if len(m.split()) < 3 or key in seen:
+        continue
+      seen.add(key)
+      n += 1
+      if n <= skip:
+        continue
+      yield m
+      if limit is not None and n - skip >= limit:
+        return
+
+
 def chat_pieces(turns, system: str = DEFAULT_SYSTEM):
   """Returns [(text, is_assistant_output)] pieces of a conversation in the chat template, split at special tokens."""
   pieces = []

@@ -1,0 +1,40 @@
+import json
+
+import pytest
+
+from ssd_jax import datasets
+
+
+def _conv(*msgs):
+  """A ShareGPT record: messages alternate human / gpt."""
+  return {"conversations": [{"from": "human" if i % 2 == 0 else "gpt", "value": m} for i, m in enumerate(msgs)]}
+
+
+@pytest.fixture
+def sharegpt(tmp_path):
+  recs = [_conv("Tell me a joke please", "ok", "Now make it longer please", "ok", "continue", "ok"),
+          _conv("hi", "hello", "What is a monad exactly?", "..."),
+          _conv("tell me a joke please ", "again"),                 # a repeat of the first, up to case and space
+          _conv("Write a haiku about rain", "...", "Tell me a joke please", "..."),  # a later turn that opens #1
+          _conv("Explain TCP slow start", "...", "now make it longer please", "...")]
+  text = "[" + ",".join(json.dumps(r) for r in recs) + ', {"conversations": [{"from": "human", "val'  # truncated
+  path = tmp_path / "sharegpt.json"
+  path.write_text(text)
+  return str(path)
+
+
+def test_truncated_file_is_read_record_by_record(sharegpt):
+  convs = list(datasets.iter_sharegpt(sharegpt))
+  assert len(convs) == 5 and convs[0][:2] == [("user", "Tell me a joke please"), ("assistant", "ok")]
+
+
+def test_first_and_later_user_turns(sharegpt):
+  first = list(datasets.sharegpt_user_turns(path=sharegpt))
+  assert first == ["Tell me a joke please", "Write a haiku about rain", "Explain TCP slow start"]
+  later = list(datasets.sharegpt_user_turns(which="later", path=sharegpt))
+  # "continue" is too short, the second "make it longer" a repeat, "Tell me a joke please" a first turn already.
+  assert later == ["Now make it longer please", "What is a monad exactly?"]
+  assert list(datasets.sharegpt_user_turns(1, 1, path=sharegpt)) == ["Write a haiku about rain"]
+  assert list(datasets.sharegpt_user_turns(5, 2, path=sharegpt)) == ["Explain TCP slow start"]
+  with pytest.raises(ValueError, match="'first' or 'later'"):
+    next(datasets.sharegpt_user_turns(which="all", path=sharegpt))
