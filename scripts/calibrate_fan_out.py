@@ -3,8 +3,9 @@
 
   python scripts/calibrate_fan_out.py --num-prompts 16 --max-new-tokens 96 --temperature 0
 
-Runs SSD on ShareGPT prompts (never the benchmark or held-out sets), records for every round the acceptance length
-and the rank of the realised bonus token under the draft, fits miss(F) = c F^-r over F = 1..32, and writes
+Runs SSD on ShareGPT prompts that draft training leaves out (datasets.sharegpt_calibration_prompts; never the
+benchmark or held-out sets), records for every round the acceptance length and the rank of the realised bonus token
+under the draft, fits miss(F) = c F^-r over F = 1..32, and writes
 {temperature: {a_p, r, c, rounds}} into the draft's directory (fan_out_calibration.json), where
 `scripts/decode.py --fan-out-strategy geometric` reads it.
 """
@@ -48,8 +49,10 @@ def main(argv=None):
   pipe = api.load(draft=args.draft)
   if pipe.draft is None:
     fail(f"no draft found for {args.draft!r}")
-  convs = datasets.iter_sharegpt(limit=args.num_prompts * 4)
-  prompts = [t[0][1][:2000] for t in convs if t and t[0][0] == "user"][-args.num_prompts:]  # the corpus tail
+  try:  # ShareGPT prompts the draft was not trained on (make_target_corpus.py leaves them out)
+    prompts = [p[:2000] for p in datasets.sharegpt_calibration_prompts(args.num_prompts)]
+  except ValueError as e:
+    fail(str(e))
   dec = SSDDecoder(pipe.target.cfg, pipe.target.params, pipe.draft.cfg, pipe.draft.params, k=args.k, fan_out=1,
                    record_ranks=True)
   ids = [pipe.encode_prompt(p) for p in prompts]

@@ -124,6 +124,20 @@ def sharegpt_user_turns(limit: int | None = None, skip: int = 0, which: str = "f
         return
 
 
+CALIBRATION_PROMPTS = 256  # ShareGPT's last first-turn messages: kept out of draft training, for calibration
+
+
+def sharegpt_calibration_prompts(n: int, path: str | None = None, reserve: int = CALIBRATION_PROMPTS) -> list[str]:
+  """Returns the first `n` of the `reserve` last first-turn ShareGPT messages (sharegpt_user_turns order).
+
+  scripts/make_target_corpus.py never answers these, so a draft trained on its corpora has not seen them: fan-out
+  calibration (scripts/calibrate_fan_out.py) measures on them rather than on training prompts.
+  """
+  if not 1 <= n <= reserve:
+    raise ValueError(f"between 1 and {reserve} calibration prompts can be had, asked for {n}")
+  return list(sharegpt_user_turns(path=path))[-reserve:][:n]
+
+
 def chat_pieces(turns, system: str = DEFAULT_SYSTEM):
   """Returns [(text, is_assistant_output)] pieces of a conversation in the chat template, split at special tokens."""
   pieces = []

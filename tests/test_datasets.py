@@ -38,3 +38,12 @@ def test_first_and_later_user_turns(sharegpt):
   assert list(datasets.sharegpt_user_turns(5, 2, path=sharegpt)) == ["Explain TCP slow start"]
   with pytest.raises(ValueError, match="'first' or 'later'"):
     next(datasets.sharegpt_user_turns(which="all", path=sharegpt))
+
+
+def test_calibration_prompts_are_the_first_turn_tail(sharegpt):
+  assert datasets.sharegpt_calibration_prompts(1, sharegpt, reserve=2) == ["Write a haiku about rain"]
+  assert datasets.sharegpt_calibration_prompts(2, sharegpt, reserve=2) == ["Write a haiku about rain",
+                                                                           "Explain TCP slow start"]
+  for bad in (0, 3):
+    with pytest.raises(ValueError, match="between 1 and 2"):
+      datasets.sharegpt_calibration_prompts(bad, sharegpt, reserve=2)
