@@ -8,11 +8,13 @@ What a draft must predict is what the *target* says, and the target's answers ar
 human-written ones, so training on them (sequence-level distillation: the target's greedy token is its argmax, the
 quantity greedy acceptance measures) buys more agreement per training token than ShareGPT text does.
 
-The first user turn of each ShareGPT conversation (or, with --user-turns later, each later one as a stand-alone prompt;
-in the chat template, with the default system prompt) is answered greedily, in batches; each batch is written as a shard `shard_NNNNN.npz` (ids uint16 = prompt + answer +
-end-of-turn, mask uint8 = 1 on the answer) under --out, so a stopped run resumes where it left off and training can
-start on the shards already written
-(`ssd_jax.train.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only ShareGPT is used; no benchmark or held-out prompt set.
+The first user turn of each ShareGPT conversation (or, with --user-turns later, each later one as a stand-alone
+prompt; in the chat template, with the default system prompt) is answered greedily, in batches. The last 256 first
+turns are never answered: they are the fan-out calibration prompts (datasets.sharegpt_calibration_prompts). Each
+batch is written as a shard `shard_NNNNN.npz` (ids uint16 = prompt + answer + end-of-turn, mask uint8 = 1 on the
+answer) under --out, so a stopped run resumes where it left off and training can start on the shards already
+written (`ssd_jax.train.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only ShareGPT is used;
+no benchmark or held-out prompt set.
 """
 from __future__ import annotations
 
