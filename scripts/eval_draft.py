@@ -10,7 +10,8 @@ greedily; then, at every answer position, with both models reading the same text
 and the expected tokens per target forward for K = 2..8 under the i.i.d. model (1 - alpha^(K+1)) / (1 - alpha).
 Greedy SD and SSD rounds are also replayed exactly from the draft's rank of each target token (ssd_jax.acceptance):
 tokens per target forward, acceptance per drafted token, and the SSD cache hit rate at --fan-out, for K = 2..8; the
-figures `scripts/bench.py` measures at temperature 0, without running the decoders.
+figures `scripts/bench.py` measures at temperature 0, without running the decoders. --fan-out-strategy geometric
+spends the same budget (K+1) F as the draft's calibration file allocates it (Theorem 12), so the two can be compared.
 It also reports the draft's cost per token against the target's: one compiled decode step of each at batch 1 after
 a 300-token cache, timed interleaved (median ms), and the weight-matrix multiply-accumulates per token.
 """
@@ -30,7 +31,9 @@ def parse_args(argv=None):
   p.add_argument("--datasets", default="humaneval,gsm8k,alpaca,mtbench")
   p.add_argument("--num-prompts", type=int, default=8)
   p.add_argument("--max-new-tokens", type=int, default=128)
-  p.add_argument("--fan-out", type=int, default=3, help="uniform fan-out for the replayed SSD cache hit rate")
+  p.add_argument("--fan-out", type=int, default=3, help="fan-out F for the replayed SSD cache hit rate")
+  p.add_argument("--fan-out-strategy", choices=("uniform", "geometric"), default="uniform",
+                 help="F at every acceptance length, or the budget (K+1) F spread by the draft's calibration")
   p.add_argument("--json-out")
   p.add_argument("--answers", help="a JSON file of the target's answers: read when it holds these prompts and "
                                    "settings, else written, so several drafts are scored on the same answers")
@@ -53,6 +56,14 @@ def main(argv=None):
 
   pipe = api.load(draft=None)
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
+  fan_outs = {k: (args.fan_out,) * (k + 1) for k in range(2, 9)}
+  if args.fan_out_strategy == "geometric":
+    from ssd_jax.fan_out import calibrated_geometric
+    calib = os.path.join(checkpoints.resolve_model_dir(args.draft), "fan_out_calibration.json")
+    try:
+      fan_outs = {k: calibrated_geometric(calib, k, (k + 1) * args.fan_out, 0.0) for k in fan_outs}
+    except ValueError as e:
+      fail(str(e))
   tcfg, tparams = pipe.target.cfg, pipe.target.params
   if dcfg.vocab_size != tcfg.vocab_size:
     fail("draft and target vocabularies differ")
@@ -85,8 +96,8 @@ def main(argv=None):
           "draft_over_target_macs": macs_per_token(dcfg) / macs_per_token(tcfg)}
 
   def replay(answer_ranks):
-    return {k: acceptance.summarize([acceptance.replay_greedy_rounds(r, k, (args.fan_out,) * (k + 1))
-                                     for r in answer_ranks], k) for k in range(2, 9)}
+    return {k: {**acceptance.summarize([acceptance.replay_greedy_rounds(r, k, f) for r in answer_ranks], k),
+                "fan_out": list(f)} for k, f in fan_outs.items()}
 
   report, pooled_ranks = {}, []
   for name in [d for d in args.datasets.split(",") if d]:
@@ -129,7 +140,7 @@ def main(argv=None):
   mean1 = float(np.mean([report[n]["alpha_t1"] for n in names]))
   pooled = {"replayed_greedy": replay(pooled_ranks)}
   print("\n| set | greedy alpha | T=1 alpha | E[tokens/fwd] K=4 greedy | K=8 greedy "
-        f"| replayed K=2: tokens/fwd, acceptance, hit rate F={args.fan_out} | replayed K=4 |")
+        f"| replayed K=2: tokens/fwd, acceptance, hit rate F={fan_outs[2]} | replayed K=4, F={fan_outs[4]} |")
   print("|---|---|---|---|---|---|---|")
 
   def replayed(r, k):

@@ -181,5 +181,12 @@ def test_eval_draft_scores_the_shipped_draft_and_reuses_answers(tmp_path):
   r = run("eval_draft.py", *args)
   assert r.returncode == 0 and "the target's answers from" in r.stderr
   assert json.loads(out.read_text())["sets"]["gsm8k"] == s  # same answers, same scores
+  r = run("eval_draft.py", *args, "--fan-out-strategy", "geometric")  # the shipped draft's calibration
+  assert r.returncode == 0, r.stderr[-2000:]
+  g = json.loads(out.read_text())["sets"]["gsm8k"]["replayed_greedy"]
+  for k in ("2", "8"):
+    assert sum(g[k]["fan_out"]) == 3 * (int(k) + 1) and s["replayed_greedy"][k]["fan_out"] == [3] * (int(k) + 1)
+    same = ("tokens_per_forward", "acceptance", "rounds")  # the fan-out changes hits, not rounds
+    assert {x: g[k][x] for x in same} == {x: s["replayed_greedy"][k][x] for x in same}
   r = run("eval_draft.py", "--num-prompts", "0")
   assert r.returncode == 2 and "Traceback" not in r.stderr
