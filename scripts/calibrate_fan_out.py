@@ -39,8 +39,6 @@ def main(argv=None):
   args = parse_args(argv)
   if args.num_prompts < 1 or args.max_new_tokens < 2:
     fail("--num-prompts must be >= 1 and --max-new-tokens >= 2")
-  import numpy as np
-
   from ssd_jax import api, checkpoints, datasets
   from ssd_jax.decode import DecodeOptions
   from ssd_jax.decode.ssd import SSDDecoder
@@ -58,15 +56,16 @@ def main(argv=None):
   ids = [pipe.encode_prompt(p) for p in prompts]
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        eos_id=pipe.tokenizer.eos_id)
-  pairs, acc_rates = [], []
+  pairs, accepted, tried = [], 0, 0
   for i in range(0, len(ids), 4):
     for r in dec.generate(ids[i:i + 4], opts):
       pairs += r.stats.extra["bonus_ranks"]
-      acc_rates.append(r.stats.extra["acceptance_rate"])
+      accepted += r.stats.extra["drafts_accepted"]
+      tried += r.stats.extra["drafts_tried"]
     print(f"[calibrate] {min(i + 4, len(ids))}/{len(ids)} prompts, {len(pairs)} rounds", file=sys.stderr)
   ranks = [rk for _, rk in pairs]
   r, c, miss = fit_power_law(ranks)
-  a_p = float(np.mean(acc_rates))
+  a_p = accepted / max(tried, 1)  # Theorem 12's per-token acceptance, not the per-round acceptance_rate
   out = args.out or os.path.join(checkpoints.resolve_model_dir(args.draft), CALIBRATION_FILE)
   data = {}
   if os.path.exists(out):

@@ -190,14 +190,19 @@ def predict(runs: list[dict], mode: str) -> dict | None:
   a = _weighted((s["acceptance_rate"], s["rounds"]) for s in rows)
   if not rounds or a is None:
     return None
-  e = expected_tokens(a, k)
+  tried = sum(s.get("drafts_tried", 0) for s in rows)
+  # The model's a is the per-token acceptance (accepted over tried drafts); result files from before
+  # drafts_tried was recorded only have the per-round rate, which understates it (E[tokens] then runs low).
+  a_tok = sum(s.get("drafts_accepted", 0) for s in rows) / tried if tried else a
+  e = expected_tokens(a_tok, k)
   t_v = sum(s["verify_seconds"] for s in first) / rounds
   if t_v <= 0:
     return None
   if mode == "sd":
     t_d = sum(s["draft_seconds"] for s in first) / rounds / k
-    per_verify = sd_speedup(a, k, t_d / t_v)
-    parts = {"acceptance": a, "k": k, "expected_tokens_per_round": e, "verify_seconds": t_v,
+    per_verify = sd_speedup(a_tok, k, t_d / t_v)
+    parts = {"acceptance": a, "per_token_acceptance": a_tok, "k": k, "expected_tokens_per_round": e,
+             "verify_seconds": t_v,
              "draft_step_seconds": t_d}
   else:
     p_hit = _weighted((s["cache_hit_rate"], max(s["rounds"] - 1, 0)) for s in rows) or 0.0
@@ -206,8 +211,8 @@ def predict(runs: list[dict], mode: str) -> dict | None:
     t_backup = (sum(s.get("neural_backup_seconds", 0.0) for s in first) / neural / t_v) if neural else 0.0
     e_miss = e if first[0].get("backup") in ("neural", "auto") else 1.0
     per_verify = ssd_speedup(p_hit, e, e_miss, t_primary, t_backup, max(int(round(b)), 1))
-    parts = {"acceptance": a, "k": k, "cache_hit_rate": p_hit, "expected_tokens_per_round": e,
-             "verify_seconds": t_v, "t_primary": t_primary, "t_backup": t_backup}
+    parts = {"acceptance": a, "per_token_acceptance": a_tok, "k": k, "cache_hit_rate": p_hit,
+             "expected_tokens_per_round": e, "verify_seconds": t_v, "t_primary": t_primary, "t_backup": t_backup}
   return {"tokens_per_second": b * per_verify / t_v, **parts}
 
 

@@ -135,6 +135,20 @@ def test_summary_is_a_ratio_of_sums_and_ratios_follow():
                                                            "first_differing_token": 2}]
 
 
+def test_timing_model_uses_per_token_acceptance():
+  """SD at K=2 with i.i.d. acceptance 0.5: 2 rounds accept 0, 1 accepts 1, 1 accepts 2 (E[j] = 0.75 = 0.5 + 0.25)."""
+  vs = benchmark.make_variants(["sd"], {"temperature": 0.0, "k": 2})
+  stats = {"k": 2, "rounds": 4, "acceptance_rate": 3 / 8, "drafts_tried": 6, "drafts_accepted": 3,
+           "verify_seconds": 0.4, "draft_seconds": 0.08}
+  pred = benchmark.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")
+  assert pred["per_token_acceptance"] == 0.5 and pred["acceptance"] == 3 / 8
+  assert pred["expected_tokens_per_round"] == pytest.approx(1.75)  # measured: 7 tokens in 4 rounds
+  # one verify 0.1 s, two draft steps 0.01 s each: 1.75 tokens per 0.12 s
+  assert pred["tokens_per_second"] == pytest.approx(1.75 / 0.12)
+  del stats["drafts_tried"], stats["drafts_accepted"]  # an older result file: the per-round rate stands in
+  assert benchmark.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")["per_token_acceptance"] == 3 / 8
+
+
 def test_sweep_variants_and_baselines():
   base = {"k": 2, "fan_out": "3", "temperature": 0.0, "batch_size": 1, "saguaro_c": 1.0}
   vs = benchmark.make_variants(["ar", "sd", "ssd"], base, "k", ["1", "3"])

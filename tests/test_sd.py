@@ -107,3 +107,15 @@ def test_sd_bad_input(pair):
   other = tiny_config(vocab_size=65)
   with pytest.raises(ValueError, match="vocabulary"):
     SDDecoder(cfg, tp, other, model.init_params(jax.random.key(0), other), k=2)
+
+
+def test_acceptance_statistics_count_tried_drafts():
+  """Rounds accepting 2, 0 and 1 of K=2 drafts: 3 of 6 drafts accepted, but only 5 tried (a rejection ends a round)."""
+  from ssd_jax.decode.base import SpecBook
+  book = SpecBook([[5, 6]], np.array([7]), DecodeOptions(max_new_tokens=20), k=2, now=0.0)
+  for acc in (2, 0, 1):
+    book.commit(np.array([acc]), np.array([9]), np.array([[8, 8]]), now=1.0)
+  s = book.results("sd", 0.1, 0.0, lambda i: {})[0].stats.extra
+  assert s["rounds"] == 3 and s["acceptance_rate"] == 0.5
+  assert (s["drafts_tried"], s["drafts_accepted"]) == (5, 3) and s["per_token_acceptance"] == 0.6
+  assert s["per_position_acceptance"] == pytest.approx([2 / 3, 0.5], abs=1e-4)

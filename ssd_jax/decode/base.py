@@ -195,7 +195,12 @@ class SpecBook:
       extra = {"k": self.k, "rounds": rounds,
                "acceptance_rate": round(float(self.accepted[i].sum() / max(rounds * self.k, 1)), 4),
                "per_position_acceptance": (self.accepted[i] / np.maximum(self.reached[i], 1)).round(4).tolist(),
-               "mean_accepted_per_round": round(float(self.accepted[i].sum() / max(rounds, 1)), 4)}
+               "mean_accepted_per_round": round(float(self.accepted[i].sum() / max(rounds, 1)), 4),
+               # The per-token acceptance a of the paper's i.i.d. model: drafts accepted over drafts the verifier
+               # reached (a draft after a rejection is never tried). acceptance_rate (over all K drafts of each
+               # round) is not a: for K=2 it is (a + a^2) / 2.
+               "drafts_tried": int(self.reached[i].sum()), "drafts_accepted": int(self.accepted[i].sum()),
+               "per_token_acceptance": round(float(self.accepted[i].sum() / max(self.reached[i].sum(), 1)), 4)}
       extra.update(extra_of(i))
       res.append(DecodeResult(self.out[i], RequestStats(
           mode=mode, new_tokens=len(self.out[i]), target_forwards=int(self.forwards[i]), prefill_seconds=t_prefill,
