@@ -28,7 +28,9 @@ def parse_args(argv=None):
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
   p.add_argument("--mode", default=None, help="ar, sd or ssd (default: ssd, or ar when no draft is loaded)")
-  p.add_argument("--k", type=int, default=4, help="draft tokens per round (sd, ssd)")
+  p.add_argument("--k", type=int, default=1,
+                 help="draft tokens per round (sd, ssd; default 1, the fastest for the shipped pair on a CPU: "
+                      "stronger drafts and accelerators, where a wider verify costs little more, want more)")
   p.add_argument("--fan-out", default="3",
                  help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")

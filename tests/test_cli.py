@@ -19,7 +19,7 @@ def run(script, *args, timeout=600):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--prompts", "/nonexistent.jsonl"], "does not exist"),
     (["--temperature", "-1"], "--temperature"),
-    (["--mode", "ssd", "--fan-out", "1,2"], "K+1 = 5"),
+    (["--mode", "ssd", "--fan-out", "1,2,3"], "K+1 = 2"),  # K is 1 by default
     (["--k", "0"], "--k must be >= 1"),
 ])
 def test_decode_bad_input_one_line_no_traceback(args, msg):
