@@ -9,7 +9,7 @@ greedily; then, at every answer position, with both models reading the same text
   alpha at T=1  = E[sum_x min(p(x), q(x))], the probability that speculative sampling accepts a draft token
 and the expected tokens per target forward for K = 2..8 under the i.i.d. model (1 - alpha^(K+1)) / (1 - alpha).
 Greedy SD and SSD rounds are also replayed exactly from the draft's rank of each target token (ssd_jax.acceptance):
-tokens per target forward, acceptance per drafted token, and the SSD cache hit rate at --fan-out, for K = 2..8; the
+tokens per target forward, acceptance per drafted token, and the SSD cache hit rate at --fan-out, for K = 1..8; the
 figures `scripts/bench.py` measures at temperature 0, without running the decoders. --fan-out-strategy geometric
 spends the same budget (K+1) F as the draft's calibration file allocates it (Theorem 12), so the two can be compared.
 It also reports the draft's cost per token against the target's: one compiled decode step of each at batch 1 after
@@ -56,7 +56,7 @@ def main(argv=None):
 
   pipe = api.load(draft=None)
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
-  fan_outs = {k: (args.fan_out,) * (k + 1) for k in range(2, 9)}
+  fan_outs = {k: (args.fan_out,) * (k + 1) for k in range(1, 9)}
   if args.fan_out_strategy == "geometric":
     from ssd_jax.fan_out import calibrated_geometric
     calib = os.path.join(checkpoints.resolve_model_dir(args.draft), "fan_out_calibration.json")
@@ -140,8 +140,9 @@ def main(argv=None):
   mean1 = float(np.mean([report[n]["alpha_t1"] for n in names]))
   pooled = {"replayed_greedy": replay(pooled_ranks)}
   print("\n| set | greedy alpha | T=1 alpha | E[tokens/fwd] K=4 greedy | K=8 greedy "
-        f"| replayed K=2: tokens/fwd, acceptance, hit rate F={fan_outs[2]} | replayed K=4, F={fan_outs[4]} |")
-  print("|---|---|---|---|---|---|---|")
+        f"| replayed K=1: tokens/fwd, acceptance, hit rate F={fan_outs[1]} | replayed K=2, F={fan_outs[2]} "
+        f"| replayed K=4, F={fan_outs[4]} |")
+  print("|---|---|---|---|---|---|---|---|")
 
   def replayed(r, k):
     x = r["replayed_greedy"][k]
@@ -151,9 +152,9 @@ def main(argv=None):
   for n in names:
     r = report[n]
     print(f"| {n} | {r['alpha_greedy']:.3f} | {r['alpha_t1']:.3f} | {r['expected_tokens_greedy'][4]:.2f} | "
-          f"{r['expected_tokens_greedy'][8]:.2f} | {replayed(r, 2)} | {replayed(r, 4)} |")
+          f"{r['expected_tokens_greedy'][8]:.2f} | {replayed(r, 1)} | {replayed(r, 2)} | {replayed(r, 4)} |")
   print(f"| mean (replays: pooled) | {mean0:.3f} | {mean1:.3f} | {expected_tokens(mean0, 4):.2f} | "
-        f"{expected_tokens(mean0, 8):.2f} | {replayed(pooled, 2)} | {replayed(pooled, 4)} |")
+        f"{expected_tokens(mean0, 8):.2f} | {replayed(pooled, 1)} | {replayed(pooled, 2)} | {replayed(pooled, 4)} |")
   print(f"\ncost per token: draft {cost['draft_step_ms']:.2f} ms / target {cost['target_step_ms']:.2f} ms = "
         f"{cost['draft_over_target_time']:.3f}x (multiply-accumulates {cost['draft_over_target_macs']:.3f}x)")
   if args.json_out:
