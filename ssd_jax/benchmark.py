@@ -202,8 +202,7 @@ def predict(runs: list[dict], mode: str) -> dict | None:
     t_d = sum(s["draft_seconds"] for s in first) / rounds / k
     per_verify = sd_speedup(a_tok, k, t_d / t_v)
     parts = {"acceptance": a, "per_token_acceptance": a_tok, "k": k, "expected_tokens_per_round": e,
-             "verify_seconds": t_v,
-             "draft_step_seconds": t_d}
+             "verify_seconds": t_v, "draft_step_seconds": t_d}
   else:
     p_hit = _weighted((s["cache_hit_rate"], max(s["rounds"] - 1, 0)) for s in rows) or 0.0
     t_primary = 1 + sum(s["draft_wait_seconds"] for s in first) / rounds / t_v
