@@ -105,6 +105,8 @@ def summarize_runs(runs: list[dict]) -> dict:
   rows = [row["stats"] for r in runs for row in r["rows"]]
   if all("acceptance_rate" in s for s in rows):
     out["acceptance_rate"] = _weighted((s["acceptance_rate"], s["rounds"]) for s in rows)
+  if rows and all("drafts_tried" in s for s in rows) and sum(s["drafts_tried"] for s in rows):
+    out["per_token_acceptance"] = sum(s["drafts_accepted"] for s in rows) / sum(s["drafts_tried"] for s in rows)
   if all("cache_hit_rate" in s for s in rows):
     out["cache_hit_rate"] = _weighted((s["cache_hit_rate"], max(s["rounds"] - 1, 0)) for s in rows)
     # Idle time is measured once per batch: take it from each run's first row.

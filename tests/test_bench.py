@@ -142,6 +142,7 @@ def test_timing_model_uses_per_token_acceptance():
            "verify_seconds": 0.4, "draft_seconds": 0.08}
   pred = benchmark.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")
   assert pred["per_token_acceptance"] == 0.5 and pred["acceptance"] == 3 / 8
+  assert benchmark.summarize_runs([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)])["per_token_acceptance"] == 0.5
   assert pred["expected_tokens_per_round"] == pytest.approx(1.75)  # measured: 7 tokens in 4 rounds
   # one verify 0.1 s, two draft steps 0.01 s each: 1.75 tokens per 0.12 s
   assert pred["tokens_per_second"] == pytest.approx(1.75 / 0.12)
