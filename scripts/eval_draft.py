@@ -23,6 +23,7 @@ import os
 import sys
 
 from ssd_jax.cli_util import fail, run_main
+from ssd_jax.timing_model import expected_tokens
 
 
 def parse_args(argv=None):
@@ -38,10 +39,6 @@ def parse_args(argv=None):
   p.add_argument("--answers", help="a JSON file of the target's answers: read when it holds these prompts and "
                                    "settings, else written, so several drafts are scored on the same answers")
   return p.parse_args(argv)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-  return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def main(argv=None):

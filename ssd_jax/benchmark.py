@@ -105,8 +105,9 @@ def summarize_runs(runs: list[dict]) -> dict:
   rows = [row["stats"] for r in runs for row in r["rows"]]
   if all("acceptance_rate" in s for s in rows):
     out["acceptance_rate"] = _weighted((s["acceptance_rate"], s["rounds"]) for s in rows)
-  if rows and all("drafts_tried" in s for s in rows) and sum(s["drafts_tried"] for s in rows):
-    out["per_token_acceptance"] = sum(s["drafts_accepted"] for s in rows) / sum(s["drafts_tried"] for s in rows)
+  a_tok = _per_token_acceptance(rows)
+  if a_tok is not None:
+    out["per_token_acceptance"] = a_tok
   if all("cache_hit_rate" in s for s in rows):
     out["cache_hit_rate"] = _weighted((s["cache_hit_rate"], max(s["rounds"] - 1, 0)) for s in rows)
     # Idle time is measured once per batch: take it from each run's first row.
@@ -169,6 +170,14 @@ def greedy_agreement(runs: list[dict], variants: list[Variant]) -> dict:
   return report
 
 
+def _per_token_acceptance(rows: list[dict]) -> float | None:
+  """Returns drafts accepted / drafts tried pooled over decoder rows, or None where rows do not record them."""
+  if not rows or not all("drafts_tried" in s for s in rows):
+    return None
+  tried = sum(s["drafts_tried"] for s in rows)
+  return sum(s["drafts_accepted"] for s in rows) / tried if tried else None
+
+
 def predict(runs: list[dict], mode: str) -> dict | None:
   """Returns the timing model's tokens/s for SD or SSD runs from their own measured statistics and costs, or None.
 
@@ -192,10 +201,10 @@ def predict(runs: list[dict], mode: str) -> dict | None:
   a = _weighted((s["acceptance_rate"], s["rounds"]) for s in rows)
   if not rounds or a is None:
     return None
-  tried = sum(s.get("drafts_tried", 0) for s in rows)
   # The model's a is the per-token acceptance (accepted over tried drafts); result files from before
   # drafts_tried was recorded only have the per-round rate, which understates it (E[tokens] then runs low).
-  a_tok = sum(s.get("drafts_accepted", 0) for s in rows) / tried if tried else a
+  a_tok = _per_token_acceptance(rows)
+  a_tok = a if a_tok is None else a_tok
   e = expected_tokens(a_tok, k)
   t_v = sum(s["verify_seconds"] for s in first) / rounds
   if t_v <= 0:
