@@ -61,11 +61,7 @@ def main(argv=None):
     args.max_new_tokens, args.batch_size = min(args.max_new_tokens, 4), min(args.batch_size, 2)
   else:
     from ssd_jax import datasets
-    if args.user_turns == "first":  # the file's last first turns are calibration prompts: never trained on
-      pool = list(datasets.sharegpt_user_turns())[:-datasets.CALIBRATION_PROMPTS]
-      prompts = pool[args.skip_prompts:args.skip_prompts + args.num_prompts]
-    else:
-      prompts = list(datasets.sharegpt_user_turns(args.num_prompts, args.skip_prompts, "later"))
+    prompts = datasets.sharegpt_training_prompts(args.num_prompts, args.skip_prompts, args.user_turns)
     if not prompts:
       fail(f"no ShareGPT {args.user_turns} user turns left after skipping {args.skip_prompts}")
   out = args.out or os.path.join(checkpoints.CHECKPOINT_DIR, "draft-train", "target_answers")

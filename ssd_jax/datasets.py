@@ -138,6 +138,15 @@ def sharegpt_calibration_prompts(n: int, path: str | None = None, reserve: int =
   return list(sharegpt_user_turns(path=path))[-reserve:][:n]
 
 
+def sharegpt_training_prompts(limit: int, skip: int = 0, which: str = "first", path: str | None = None,
+                              reserve: int = CALIBRATION_PROMPTS) -> list[str]:
+  """Returns up to `limit` prompts for draft training after `skip`: sharegpt_user_turns without the calibration
+  prompts (the `reserve` last first turns; later turns never include a first turn)."""
+  if which == "first":
+    return list(sharegpt_user_turns(path=path))[:-reserve][skip:skip + limit]
+  return list(sharegpt_user_turns(limit, skip, which, path))
+
+
 def chat_pieces(turns, system: str = DEFAULT_SYSTEM):
   """Returns [(text, is_assistant_output)] pieces of a conversation in the chat template, split at special tokens."""
   pieces = []

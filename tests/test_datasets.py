@@ -47,3 +47,12 @@ def test_calibration_prompts_are_the_first_turn_tail(sharegpt):
   for bad in (0, 3):
     with pytest.raises(ValueError, match="between 1 and 2"):
       datasets.sharegpt_calibration_prompts(bad, sharegpt, reserve=2)
+
+
+def test_training_prompts_leave_out_the_calibration_prompts(sharegpt):
+  first = datasets.sharegpt_training_prompts(10, path=sharegpt, reserve=1)
+  assert first == ["Tell me a joke please", "Write a haiku about rain"]  # the last first turn is reserved
+  assert datasets.sharegpt_calibration_prompts(1, sharegpt, reserve=1) == ["Explain TCP slow start"]
+  assert datasets.sharegpt_training_prompts(1, 1, path=sharegpt, reserve=1) == ["Write a haiku about rain"]
+  assert datasets.sharegpt_training_prompts(10, which="later", path=sharegpt, reserve=1) == [
+      "Now make it longer please", "What is a monad exactly?"]
