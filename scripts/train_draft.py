@@ -71,6 +71,9 @@ def parse_args(argv=None):
   p.add_argument("--init-from", default=None,
                  help="start from this draft checkpoint (e.g. the shipped one) with a fresh optimizer and schedule, "
                       "instead of the target-derived initialisation; its config replaces the recipe")
+  p.add_argument("--grow-layers", type=int, default=0,
+                 help="with --init-from: add N layers to the starting draft that leave its output unchanged at first "
+                      "(copies of evenly spread layers with zeroed residual outputs; ssd_jax.train.deepen), then train")
   return p.parse_args(argv)
 
 
@@ -100,6 +103,9 @@ def main(argv=None):
   until = tc.steps if args.until is None else args.until
   if not 1 <= until <= tc.steps:
     fail(f"--until must be in [1, --steps = {tc.steps}], got {until}")
+  if args.grow_layers < 0 or (args.grow_layers and not args.init_from):
+    fail(f"--grow-layers N (N >= 1) deepens the draft given by --init-from; got {args.grow_layers}"
+         + ("" if args.init_from else " without --init-from"))
   if not 0 <= args.corpus_mix <= 1:
     fail(f"--corpus-mix must be in [0, 1], got {args.corpus_mix}")
   if tc.teacher_top_k < 0:
@@ -187,6 +193,12 @@ def main(argv=None):
       fail(f"--init-from {init_dir}: needs a draft with the target's {tcfg.vocab_size}-token vocabulary and a "
            f"reduced head (head_vocab), got vocab {icfg.vocab_size}, head_vocab {icfg.head_vocab}")
     cfg = icfg
+    if args.grow_layers:
+      if not 1 <= args.grow_layers <= icfg.n_layers:
+        fail(f"--grow-layers must be in [1, {icfg.n_layers}] (the starting draft's depth), got {args.grow_layers}")
+      iparams, cfg = train.deepen(dict(iparams), icfg, args.grow_layers)
+      print(f"[train] grown from {icfg.n_layers} to {cfg.n_layers} layers (output unchanged at the start)",
+            file=sys.stderr)
     if not resuming:
       extra_path = os.path.join(init_dir, "extra.json")
       if os.path.exists(extra_path):
@@ -316,6 +328,8 @@ def main(argv=None):
                  "corpus_mix": args.corpus_mix if n_target else 0.0}
         if args.init_from:
           extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
+          if args.grow_layers:
+            extra["grown"] = f"{args.grow_layers} layers added to the starting draft's {cfg.n_layers - args.grow_layers}"
           if init_extra is not None:  # the starting draft's own record, so a chain of runs describes itself
             extra["init_extra"] = init_extra
         if agree_t is not None:

@@ -128,6 +128,31 @@ def init_draft_from_target(key, cfg: ModelConfig, target_cfg: ModelConfig, targe
   return params
 
 
+def deepen(params: dict, cfg: ModelConfig, n_new: int) -> tuple[dict, ModelConfig]:
+  """Returns a draft with `n_new` more layers that computes exactly what `params` computes, and its config.
+
+  Each new layer is a copy of the layer it follows with its two residual outputs (`wo`, `w_down`) zeroed, so it adds
+  nothing until training moves them; its input projections start where a trained layer's are rather than at random.
+  The copies follow evenly spread layers (every layer when `n_new` equals the depth). Growing a trained draft this way
+  keeps what it learned and buys capacity for the cost of the added layers only.
+  """
+  layers = list(params["layers"])
+  if not 1 <= n_new <= len(layers):
+    raise ValueError(f"can add 1 to {len(layers)} layers (one after each existing one at most), got {n_new}")
+  after = set(np.linspace(0, len(layers) - 1, n_new).round().astype(int).tolist())
+  if len(after) != n_new:  # rounding merged two positions (cannot happen for n_new <= depth, but be sure)
+    raise ValueError(f"cannot spread {n_new} new layers over {len(layers)}")
+  grown = []
+  for i, lp in enumerate(layers):
+    grown.append(lp)
+    if i in after:
+      copy = {k: jnp.array(v, copy=True) for k, v in lp.items()}
+      copy["wo"] = jnp.zeros_like(lp["wo"])
+      copy["w_down"] = jnp.zeros_like(lp["w_down"])
+      grown.append(copy)
+  return dict(params, layers=grown), dataclasses.replace(cfg, n_layers=len(grown))
+
+
 # ----------------------------------------------------------------------------------------------------------- steps
 
 def make_optimizer(tc: TrainConfig):

@@ -107,6 +107,22 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   cfg2, params2, _ = checkpoints.load_model(str(out2))
   assert cfg2 == cfg and (np.asarray(params2["head_ids"]) == np.asarray(params["head_ids"])).all()
   assert not np.allclose(np.asarray(params2["embed"]), np.asarray(params["embed"]))  # it trained
+  # Deepen that draft (1 layer -> 2) and train on, then resume the grown run.
+  grow = ["--tiny", "--work-dir", str(tmp_path / "work_g"), "--out", str(tmp_path / "dg"), "--max-conversations", "20",
+          "--target-corpus", "none", "--init-from", str(out), "--grow-layers", "1"]
+  r = run("train_draft.py", *grow)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "grown from 1 to 2 layers" in r.stderr
+  cfg_g, params_g, _ = checkpoints.load_model(str(tmp_path / "dg"))
+  assert cfg_g.n_layers == 2 and len(params_g["layers"]) == 2
+  assert json.loads((tmp_path / "dg" / "extra.json").read_text())["grown"] == "1 layers added to the starting draft's 1"
+  r = run("train_draft.py", *grow, "--steps", "4")
+  assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
+  for bad, msg in ((["--init-from", str(out), "--grow-layers", "2"], "--grow-layers must be in [1, 1]"),
+                   (["--grow-layers", "1"], "without --init-from")):
+    r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work_b"), "--out", str(tmp_path / "db"),
+            "--max-conversations", "20", "--target-corpus", "none", *bad)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
   r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work3"), "--out", str(tmp_path / "d3"),
           "--init-from", str(tmp_path / "missing"))
   assert r.returncode == 2 and "not an ssd-jax checkpoint" in r.stderr and "Traceback" not in r.stderr

@@ -95,3 +95,39 @@ def test_cache_resumes_by_chunk_and_is_keyed_by_its_inputs(tmp_path):
   g_rows, g_probs = grown.load()
   assert (g_rows[:6] == rows[:6]).all() and (g_probs[:6] == probs[:6]).all()
   _assert_live_teacher(tparams, head_ids, more[6:], g_rows[6:], g_probs[6:])
+
+
+def test_deepen_keeps_the_output_and_the_new_layers_train():
+  cfg2 = ModelConfig(**{**DRAFT.__dict__, "n_layers": 2})
+  _, _, head_ids, toks, mask = _setup()
+  tparams = model.init_params(jax.random.key(1), TARGET, scale=0.3)
+  params = train.init_draft_from_target(jax.random.key(3), cfg2, TARGET, tparams, head_ids)
+  params = dict(params, layers=[{k: v + 0.05 * jax.random.normal(jax.random.key(i), v.shape) for k, v in lp.items()}
+                                for i, lp in enumerate(params["layers"])])  # a "trained" draft: no zero blocks
+  ref = np.asarray(model.forward_full(params, jnp.asarray(toks), cfg2))
+  for n_new, expect_after in ((1, [0]), (2, [0, 1])):
+    grown, gcfg = train.deepen(params, cfg2, n_new)
+    assert gcfg.n_layers == 2 + n_new and len(grown["layers"]) == 2 + n_new
+    model.check_params(grown, gcfg)
+    np.testing.assert_array_equal(np.asarray(model.forward_full(grown, jnp.asarray(toks), gcfg)), ref)
+    new_at = [i for i, lp in enumerate(grown["layers"]) if not np.asarray(lp["wo"]).any()]
+    assert new_at == [a + 1 + j for j, a in enumerate(expect_after)]  # each copy follows its layer
+    for i in new_at:  # the copy's inputs are its predecessor's, not random
+      np.testing.assert_array_equal(np.asarray(grown["layers"][i]["wq"]), np.asarray(grown["layers"][i - 1]["wq"]))
+  # Training moves the zeroed outputs, and the grown draft's output with them (the schedule's first step has lr 0).
+  tc = train.TrainConfig(lr=1e-2, warmup=1, steps=5)
+  opt = train.make_optimizer(tc)
+  step = train.make_train_step(gcfg, opt)
+  new = jax.tree.map(lambda x: jnp.array(x, copy=True), grown)
+  state = train.init_opt_state(opt, new)
+  for _ in range(2):
+    new, state, _ = step(new, state, {"tokens": jnp.asarray(toks), "mask": jnp.asarray(mask)}, None)
+  assert all(np.asarray(new["layers"][i]["wo"]).any() for i in new_at)
+  assert not np.allclose(np.asarray(model.forward_full(new, jnp.asarray(toks), gcfg)), ref)
+  for bad in (0, 3):
+    try:
+      train.deepen(params, cfg2, bad)
+    except ValueError as e:
+      assert "can add 1 to 2 layers" in str(e)
+    else:
+      raise AssertionError(f"deepen accepted n_new={bad}")
