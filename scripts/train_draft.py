@@ -329,7 +329,7 @@ def main(argv=None):
         if args.init_from:
           extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
           if args.grow_layers:
-            extra["grown"] = f"{args.grow_layers} layers added to the starting draft's {cfg.n_layers - args.grow_layers}"
+            extra["grown"] = f"from {cfg.n_layers - args.grow_layers} to {cfg.n_layers} layers (--grow-layers)"
           if init_extra is not None:  # the starting draft's own record, so a chain of runs describes itself
             extra["init_extra"] = init_extra
         if agree_t is not None:

@@ -139,9 +139,7 @@ def deepen(params: dict, cfg: ModelConfig, n_new: int) -> tuple[dict, ModelConfi
   layers = list(params["layers"])
   if not 1 <= n_new <= len(layers):
     raise ValueError(f"can add 1 to {len(layers)} layers (one after each existing one at most), got {n_new}")
-  after = set(np.linspace(0, len(layers) - 1, n_new).round().astype(int).tolist())
-  if len(after) != n_new:  # rounding merged two positions (cannot happen for n_new <= depth, but be sure)
-    raise ValueError(f"cannot spread {n_new} new layers over {len(layers)}")
+  after = set(np.linspace(0, len(layers) - 1, n_new).round().astype(int).tolist())  # distinct: step >= 1
   grown = []
   for i, lp in enumerate(layers):
     grown.append(lp)

@@ -115,7 +115,7 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   assert "grown from 1 to 2 layers" in r.stderr
   cfg_g, params_g, _ = checkpoints.load_model(str(tmp_path / "dg"))
   assert cfg_g.n_layers == 2 and len(params_g["layers"]) == 2
-  assert json.loads((tmp_path / "dg" / "extra.json").read_text())["grown"] == "1 layers added to the starting draft's 1"
+  assert json.loads((tmp_path / "dg" / "extra.json").read_text())["grown"] == "from 1 to 2 layers (--grow-layers)"
   r = run("train_draft.py", *grow, "--steps", "4")
   assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
   for bad, msg in ((["--init-from", str(out), "--grow-layers", "2"], "--grow-layers must be in [1, 1]"),
