@@ -96,7 +96,7 @@ class SDDecoder:
 
   mode = "sd"
 
-  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
+  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 1,
                attn_impl: str = "ref", placement: Placement | None = None):
     check_pair(target_cfg, draft_cfg, k)
     self.placement = placement or make_placement(1, 0)

@@ -225,7 +225,7 @@ class SSDDecoder:
 
   mode = "ssd"
 
-  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
+  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 1,
                fan_out=3, attn_impl: str = "ref", placement: Placement | None = None, fan_out_miss=None,
                backup: str = "neural",
                saguaro_c: float = 1.0, record_ranks: bool = False):

@@ -75,7 +75,7 @@ class SplitSSDDecoder:
 
   mode = "ssd"
 
-  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 4,
+  def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 1,
                fan_out=3, attn_impl: str = "ref", fan_out_miss=None, backup: str = "neural",
                saguaro_c: float = 1.0, target_cores=None, draft_cores=None):
     check_pair(target_cfg, draft_cfg, k)
