@@ -1,74 +1,23 @@
 """Few-row matrix products on XLA:CPU through a small C++ FFI kernel (kernels/cpu/rows_matmul.cc).
 
-The kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU) under
-~/.cache/ssd-jax. Where that is impossible (no compiler, another platform) `available()` is False and callers use
-plain jnp products. `ref_rows_matmul` is the reference.
+The kernel is compiled on first use (kernels/cpu_ffi.py). Where that is impossible (no compiler, another platform)
+`available()` is False and callers use plain jnp products. `ref_rows_matmul` is the reference.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
-import os
-import platform
-import subprocess
-import sys
-import threading
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu", "rows_matmul.cc")
-_LOCK = threading.Lock()
-_STATE = {"loaded": None}  # None: not tried; True / False after the first attempt
-
-
-def _cache_dir() -> str:
-  return os.path.join(os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax")),
-                      "kernels")
-
-
-def _build() -> str:
-  with open(_SRC, "rb") as f:
-    src_hash = hashlib.sha256(f.read()).hexdigest()[:16]
-  cpu = hashlib.sha256((platform.machine() + platform.processor()).encode()).hexdigest()[:8]
-  out = os.path.join(_cache_dir(), f"rows_matmul_{src_hash}_{cpu}.so")
-  if os.path.exists(out):
-    return out
-  os.makedirs(_cache_dir(), exist_ok=True)
-  cxx = os.environ.get("CXX", "g++")
-  cmd = [cxx, "-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
-         "-I", jax.ffi.include_dir(), _SRC, "-o", out + ".tmp"]
-  res = subprocess.run(cmd, capture_output=True, text=True)
-  if res.returncode != 0:
-    raise RuntimeError(res.stderr[-2000:])
-  os.replace(out + ".tmp", out)
-  return out
+from . import cpu_ffi
 
 
 def available() -> bool:
   """Returns whether the CPU kernel is usable (compiling and registering it on first call)."""
-  if _STATE["loaded"] is not None:
-    return _STATE["loaded"]
-  with _LOCK:
-    if _STATE["loaded"] is None:
-      if os.environ.get("SSD_JAX_NO_CPU_KERNELS") or jax.default_backend() != "cpu":
-        _STATE["loaded"] = False
-        return False
-      try:
-        # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        lib = ctypes.CDLL(_build())
-        jax.ffi.register_ffi_target("ssd_rows_matmul", jax.ffi.pycapsule(lib.SsdRowsMatmul), platform="cpu")
-        jax.ffi.register_ffi_target("ssd_rows_matmul_t", jax.ffi.pycapsule(lib.SsdRowsMatmulT), platform="cpu")
-        _STATE["loaded"] = True
-      except Exception as e:  # no compiler, missing headers, ...: fall back to jnp products
-        print(f"[ssd-jax] CPU few-row kernel unavailable ({type(e).__name__}: {str(e)[:200]}); using XLA's products",
-              file=sys.stderr)
-        _STATE["loaded"] = False
-  return _STATE["loaded"]
+  return cpu_ffi.available("rows_matmul", {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT"})
 
 
 def ref_rows_matmul(x, w, transposed: bool = False):

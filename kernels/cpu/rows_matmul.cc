@@ -65,11 +65,35 @@ void DotRows(const float* X, const float* E, float* Y, int64_t K, int64_t N, int
   }
 }
 
-// y[m, :] += x[m, k] * w[k, :] for k in [k0, k1): each w row is read once, contiguously, for all M rows.
+// y[m, :] += x[m, k] * w[k, :] for k in [k0, k1): each w row is read once, contiguously, for all M rows. From 4 rows
+// on, four w rows are applied per pass over y, so y (M rows of N, soon larger than L1) is loaded and stored a
+// quarter as often (measured 10-30% faster at 4-8 rows on the 2-core CPU, level below 4). Each y element still adds
+// its terms one k at a time, in k order (the build keeps the source's association), so a row's result is the same
+// bit for bit whatever the row count.
 template <int M>
 void AxpyRows(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1) {
   const int64_t n8 = N & ~int64_t(7);
-  for (int64_t k = k0; k < k1; ++k) {
+  constexpr int64_t KU = M >= 4 ? 4 : 1;
+  int64_t k = k0;
+  for (; KU > 1 && k + KU <= k1; k += KU) {
+    const float* wr = W + k * N;
+    float a[M][KU];
+    for (int m = 0; m < M; ++m)
+      for (int64_t q = 0; q < KU; ++q) a[m][q] = X[m * K + k + q];
+    for (int64_t n = 0; n < n8; n += 8) {
+      v8 w[KU];
+      for (int64_t q = 0; q < KU; ++q) w[q] = load8(wr + q * N + n);
+      for (int m = 0; m < M; ++m) {
+        v8 y = load8(Y + m * N + n);
+        for (int64_t q = 0; q < KU; ++q) y += a[m][q] * w[q];
+        std::memcpy(Y + m * N + n, &y, sizeof(y));
+      }
+    }
+    for (int64_t n = n8; n < N; ++n)
+      for (int m = 0; m < M; ++m)
+        for (int64_t q = 0; q < KU; ++q) Y[m * N + n] += a[m][q] * wr[q * N + n];
+  }
+  for (; k < k1; ++k) {
     const float* wr = W + k * N;
     float a[M];
     for (int m = 0; m < M; ++m) a[m] = X[m * K + k];

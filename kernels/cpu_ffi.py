@@ -1,0 +1,72 @@
+"""Builds and registers the project's C++ XLA:CPU FFI kernels (kernels/cpu/*.cc).
+
+Each kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU) under
+~/.cache/ssd-jax/kernels. Where that is impossible (no compiler, another platform, SSD_JAX_NO_CPU_KERNELS set)
+`available(name)` is False and callers use plain jnp code.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import threading
+
+import jax
+
+_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu")
+_LOCK = threading.Lock()
+_STATE: dict[str, bool] = {}  # source name -> whether its targets are registered (after the first attempt)
+
+
+def _cache_dir() -> str:
+  return os.path.join(os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax")),
+                      "kernels")
+
+
+def _build(name: str) -> str:
+  src = os.path.join(_DIR, name + ".cc")
+  with open(src, "rb") as f:
+    src_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+  cpu = hashlib.sha256((platform.machine() + platform.processor()).encode()).hexdigest()[:8]
+  out = os.path.join(_cache_dir(), f"{name}_{src_hash}_{cpu}.so")
+  if os.path.exists(out):
+    return out
+  os.makedirs(_cache_dir(), exist_ok=True)
+  cxx = os.environ.get("CXX", "g++")
+  tmp = f"{out}.{os.getpid()}.tmp"
+  # -fno-associative-math: sums keep the order the source gives, so a row's result does not depend on how many
+  # rows share a call (the few-row kernel's unrolled and plain paths add the same terms in the same order).
+  cmd = [cxx, "-O3", "-march=native", "-ffast-math", "-fno-associative-math", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
+         "-I", jax.ffi.include_dir(), src, "-o", tmp]
+  res = subprocess.run(cmd, capture_output=True, text=True)
+  if res.returncode != 0:
+    raise RuntimeError(res.stderr[-2000:])
+  os.replace(tmp, out)
+  return out
+
+
+def available(name: str, targets: dict[str, str]) -> bool:
+  """Returns whether kernels/cpu/{name}.cc is usable, compiling it and registering `targets` ({XLA target name:
+  exported symbol}) on the first call."""
+  if name in _STATE:
+    return _STATE[name]
+  with _LOCK:
+    if name not in _STATE:
+      if os.environ.get("SSD_JAX_NO_CPU_KERNELS") or jax.default_backend() != "cpu":
+        _STATE[name] = False
+        return False
+      try:
+        # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        lib = ctypes.CDLL(_build(name))
+        for target, symbol in targets.items():
+          jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+        _STATE[name] = True
+      except Exception as e:  # no compiler, missing headers, ...: fall back to jnp code
+        print(f"[ssd-jax] CPU kernel {name} unavailable ({type(e).__name__}: {str(e)[:200]}); using jnp code",
+              file=sys.stderr)
+        _STATE[name] = False
+  return _STATE[name]
