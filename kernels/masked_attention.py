@@ -7,7 +7,10 @@ One descriptor serves every use in the project:
 A dense `[T, S]` mask is only ever built by the reference implementation.
 
 Implementations (`attention(..., impl=...)`):
+  * 'auto' (default): 'cpu' on a CPU backend for float32 inputs when the kernel builds, else 'ref'.
   * 'ref': the pure-jnp oracle below (float32 scores over the whole cache).
+  * 'cpu': a C++ XLA:CPU kernel (kernels/cpu/masked_attention.cc) that walks only the slots each query sees, with an
+    online softmax: at decode it costs the visible prefix, not the whole cache and a dense mask.
   * 'pallas': flash-decoding kernels that rebuild the mask per key block from the metadata. On GPU (Triton lowering)
     each program owns one KV head, one block of query rows (all T queries times the H/G query heads that share that
     KV head, so a key block is read once per group) and one split of the cache; the splits' partial softmaxes are
@@ -21,11 +24,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-IMPLS = ("ref", "pallas")
+from . import cpu_ffi
+
+IMPLS = ("auto", "ref", "cpu", "pallas")
 _NEG = -1e30  # finite "minus infinity": exp(_NEG - _NEG) is 1, not NaN, so masked terms are zeroed explicitly
 
 
@@ -345,16 +353,107 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
-def attention(q, k, v, mask: MaskInfo, k_new=None, v_new=None, new_slots=None, impl: str = "ref", **kernel_options):
-  """Returns masked attention [B, T, H, D] (see `ref_attention`) by the chosen implementation.
+def cpu_attention_available() -> bool:
+  """Returns whether the C++ CPU kernel (kernels/cpu/masked_attention.cc) is usable, building it on first call."""
+  return cpu_ffi.available("masked_attention", {"ssd_masked_attention": "SsdMaskedAttention"})
 
-  impl: 'ref' (pure jnp, the CPU default and the oracle) or 'pallas' (`pallas_attention`: Triton on GPU, Mosaic on
-  TPU, interpret mode on CPU); kernel_options (block sizes, kernel, interpret) go to the kernel. The kernels only read
-  the cache: a call that passes unwritten keys (k_new, given by no model path, since the model writes the cache
-  first) is served by the reference whatever impl says.
-  """
+
+def _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width: int):
+  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+  return jax.ffi.ffi_call("ssd_masked_attention", out)(q, k, v, vis_end, tree_start, tree_branch, tree_depth,
+                                                      tree_width=np.int64(tree_width))
+
+
+def _cpu_specs(q_sharding, k_sharding):
+  """Returns the shardings the kernel runs under: batch and heads may be split (rows and KV groups are independent),
+  the cache's slots and head dimension must be whole. Query heads follow the KV heads' split only where both are
+  split the same way (GQA groups then stay on one device); otherwise heads are gathered."""
+  qs = (tuple(q_sharding.spec) + (None,) * 4)[:4]
+  ks = (tuple(k_sharding.spec) + (None,) * 4)[:4]
+  b_ax = qs[0] if qs[0] == ks[0] else None
+  h_ax = qs[2] if qs[2] == ks[2] else None
+  return P(b_ax, None, h_ax, None), P(b_ax, None, h_ax, None), P(b_ax, None), P(b_ax)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_partitioned(tree_width: int):
+  """The kernel call with a sharding rule, so on a mesh each device attends over its own rows and KV heads instead
+  of XLA gathering the whole cache onto every device before the custom call."""
+
+  @custom_partitioning
+  def call(q, k, v, vis_end, tree_start, tree_branch, tree_depth):
+    return _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width)
+
+  def infer(mesh, arg_shapes, result_shape):
+    return NamedSharding(mesh, _cpu_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)[0])
+
+  def partition(mesh, arg_shapes, result_shape):
+    qs, kvs, meta, start = _cpu_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)
+    lower = functools.partial(_cpu_local, tree_width=tree_width)
+    args = tuple(NamedSharding(mesh, x) for x in (qs, kvs, kvs, meta, start, meta, meta))
+    return mesh, lower, NamedSharding(mesh, qs), args
+
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                     sharding_rule="b t h d, b s g d, b s g d, b t, b, b t, b t -> b t h d")
+  return call
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _cpu_attention(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width):
+  return _cpu_partitioned(tree_width)(q, k, v, vis_end, tree_start, tree_branch, tree_depth)
+
+
+def _cpu_fwd(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width):
+  res = (q, k, v, vis_end, tree_start, tree_branch, tree_depth)
+  return _cpu_attention(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width), res
+
+
+def _cpu_bwd(tree_width, res, g):
+  """Gradients through the reference (training only: the draft's forward_full); the mask gets none."""
+  q, k, v, vis_end, tree_start, tree_branch, tree_depth = res
+  mask = MaskInfo(vis_end, tree_start, tree_branch, tree_depth, tree_width)
+  _, vjp = jax.vjp(lambda q, k, v: ref_attention(q, k, v, mask), q, k, v)
+  return (*vjp(g), None, None, None, None)
+
+
+_cpu_attention.defvjp(_cpu_fwd, _cpu_bwd)
+
+
+def cpu_attention(q, k, v, mask: MaskInfo):
+  """Returns `ref_attention(q, k, v, mask)` from the C++ CPU kernel, which reads only the slots each query sees
+  (float32; callers check `cpu_attention_available()`)."""
+  i32 = lambda x: x.astype(jnp.int32)  # noqa: E731
+  return _cpu_attention(q, k, v, i32(mask.visible_end), i32(mask.tree_start), i32(mask.tree_branch),
+                        i32(mask.tree_depth), mask.tree_width)
+
+
+def resolve_impl(impl: str, q=None, k=None) -> str:
+  """Returns the implementation 'auto' stands for: the CPU kernel on a CPU backend for float32 inputs when it
+  builds, else the reference. Other names are returned as they are (after a check)."""
   if impl not in IMPLS:
     raise ValueError(f"unknown attention implementation {impl!r}; choose one of {', '.join(IMPLS)}")
+  if impl != "auto":
+    return impl
+  f32 = all(x is None or x.dtype == jnp.float32 for x in (q, k))
+  return "cpu" if f32 and jax.default_backend() == "cpu" and cpu_attention_available() else "ref"
+
+
+def attention(q, k, v, mask: MaskInfo, k_new=None, v_new=None, new_slots=None, impl: str = "auto", **kernel_options):
+  """Returns masked attention [B, T, H, D] (see `ref_attention`) by the chosen implementation.
+
+  impl: 'auto' (the default: 'cpu' on a CPU for float32 inputs when the kernel builds, else 'ref'), 'ref' (pure jnp,
+  the oracle), 'cpu' (`cpu_attention`, the C++ kernel; float32 on a CPU) or 'pallas' (`pallas_attention`: Triton on
+  GPU, Mosaic on TPU, interpret mode on CPU); kernel_options (block sizes, kernel, interpret) go to the Pallas
+  kernel. The kernels only read the cache: a call that passes unwritten keys (k_new, given by no model path, since
+  the model writes the cache first) is served by the reference whatever impl says.
+  """
+  impl = resolve_impl(impl, q, k)
   if impl == "ref" or k_new is not None:
     return ref_attention(q, k, v, mask, k_new, v_new, new_slots)
+  if impl == "cpu":
+    if jax.default_backend() != "cpu" or q.dtype != jnp.float32 or k.dtype != jnp.float32:
+      raise ValueError("attention 'cpu' runs float32 on a CPU backend; use 'auto', 'ref' or 'pallas'")
+    if not cpu_attention_available():
+      raise ValueError("the CPU attention kernel could not be built (see the message above); use 'auto' or 'ref'")
+    return cpu_attention(q, k, v, mask).astype(q.dtype)
   return pallas_attention(q, k, v, mask, **kernel_options)

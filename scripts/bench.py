@@ -48,7 +48,8 @@ def parse_args(argv=None):
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
-  p.add_argument("--attention", default="ref", help="attention implementation (ref; others where available)")
+  p.add_argument("--attention", default="auto",
+                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
   p.add_argument("--ssd-placement", default="devices", choices=["devices", "processes"],
                  help="SSD: the draft on its own JAX device of this process (both share the cores), or in its own "
                       "process pinned to its own cores; --sweep ssd-placement runs both side by side")

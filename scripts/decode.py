@@ -53,8 +53,9 @@ def parse_args(argv=None):
   p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
-  p.add_argument("--attention", default="ref", choices=["ref", "pallas"],
-                 help="attention implementation: ref (jnp) or pallas (kernels; interpret mode on CPU: slow)")
+  p.add_argument("--attention", default="auto", choices=["auto", "ref", "cpu", "pallas"],
+                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
+                      "kernel) or pallas (kernels; interpret mode on CPU: slow)")
   p.add_argument("--ssd-placement", default="devices", choices=["devices", "processes"],
                  help="SSD: the draft on its own JAX device of this process, or in its own process pinned to its "
                       "own CPU cores (the target pinned to the others)")

@@ -5,9 +5,10 @@
     outs = pipe.generate(["What is the capital of France?"], mode="ar", max_new_tokens=64)
     print(outs[0].text, outs[0].stats)
 
-Attention: `load(..., attn_impl="pallas")` runs every attention (prefill, verify, glue, tree) through the Pallas
-kernels of kernels/masked_attention.py (Triton on GPU, Mosaic on TPU, interpret mode on CPU: slow, same tokens);
-the default "ref" is the pure-jnp reference.
+Attention: `load(..., attn_impl=...)` picks how every attention (prefill, verify, glue, tree) runs
+(kernels/masked_attention.py): "auto" (the default) is the C++ CPU kernel on a CPU and the pure-jnp reference
+elsewhere; "ref" the reference everywhere; "cpu" the CPU kernel; "pallas" the Pallas kernels (Triton on GPU, Mosaic
+on TPU, interpret mode on CPU: slow, same tokens).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
-               attn_impl: str = "ref", placement: Placement | None = None, ssd_placement: str = "devices"):
+               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "devices"):
     if ssd_placement not in SSD_PLACEMENTS:
       raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
     self.ssd_placement = ssd_placement
@@ -167,12 +168,13 @@ class Pipeline:
             for p, r in zip(prompts, res)]
 
 
-def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "ref",
+def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
          target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "devices") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
-  attn_impl: 'ref' (pure jnp) or 'pallas' (the kernels; interpret mode on CPU, slow but the same tokens).
+  attn_impl: 'auto' (the CPU attention kernel on a CPU, else the reference), 'ref' (pure jnp), 'cpu' (the C++ CPU
+  kernel) or 'pallas' (the Pallas kernels; interpret mode on CPU, slow but the same tokens).
   target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
   the next device (SSD), 0 on the target's first device. Errors say what to do when there are too few devices.
   ssd_placement: 'devices' (SSD's draft on its own JAX device of this process) or 'processes' (the draft in a

@@ -127,7 +127,7 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
 
 
 def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
-                  attn_impl: str = "ref"):
+                  attn_impl: str = "auto"):
   """Returns (final-normed hidden states [B, T, d], cache with new K/V written; lengths unchanged)."""
   x = params["embed"][embed_rows(params, tokens, cfg)]
   ks, vs = [], []
@@ -149,7 +149,7 @@ def lm_head(params, x, cfg: ModelConfig):
 
 
 def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
-            logit_index=None, attn_impl: str = "ref"):
+            logit_index=None, attn_impl: str = "auto"):
   """Returns (logits, cache).
 
   tokens, positions, write_slots: [B, T] int32 (RoPE position and cache slot of each new token); mask describes what
@@ -163,7 +163,7 @@ def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskIn
   return lm_head(params, x, cfg), cache
 
 
-def forward_causal(params, tokens, cache: KVCache, cfg: ModelConfig, logit_index=None, attn_impl: str = "ref"):
+def forward_causal(params, tokens, cache: KVCache, cfg: ModelConfig, logit_index=None, attn_impl: str = "auto"):
   """Returns (logits, cache) for tokens appended at each row's length (causal among themselves; lengths unchanged)."""
   t = tokens.shape[1]
   slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]

@@ -1,11 +1,16 @@
-"""Kernels against their references: the CPU few-row product (attention kernels join here)."""
+"""Kernels against their references: the CPU few-row product and the CPU masked attention (the Pallas attention
+kernels have tests/test_attention_kernels.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ssd_jax.kernels.masked_attention as attn
+from ssd_jax.fan_out import geometric_fan_out, uniform_fan_out
 from ssd_jax.kernels import rows_matmul
+
+needs_cpu_attention = pytest.mark.skipif(not attn.cpu_attention_available(),
+                                         reason="no C++ compiler for the CPU attention kernel")
 
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
@@ -62,3 +67,87 @@ def test_attention_with_unwritten_new_keys_equals_written_cache():
   written = attn.ref_attention(q, k.at[rows, slots].set(kn), v.at[rows, slots].set(vn), mask)
   separate = attn.ref_attention(q, k, v, mask, kn, vn, slots)
   np.testing.assert_allclose(np.asarray(written), np.asarray(separate), rtol=1e-5, atol=1e-5)
+
+
+def _draw(rng, *shape):
+  return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
+
+
+def _check_cpu_attention(q, k, v, mask):
+  """The CPU kernel matches the reference, and gives exactly 0 for queries that see no key."""
+  got = np.asarray(jax.jit(attn.cpu_attention)(q, k, v, mask))
+  np.testing.assert_allclose(got, np.asarray(attn.ref_attention(q, k, v, mask)), rtol=2e-5, atol=2e-5)
+  blind = ~np.asarray(attn.visible_mask(mask, k.shape[1]).any(-1))
+  assert np.all(got[blind] == 0)
+
+
+@needs_cpu_attention
+@pytest.mark.parametrize("t,h,g,kk", [(1, 9, 3, 0), (5, 9, 3, 4), (6, 4, 4, 2), (3, 8, 1, 2)])
+def test_cpu_attention_causal_matches_reference(t, h, g, kk):
+  """AR steps, verify of K+1 tokens (queries past K+1 are padding and see nothing), prefill; GQA ratios 3, 1, 8;
+  ragged prefixes, one of them empty."""
+  rng = np.random.default_rng(t * 10 + h)
+  b, s, d = 3, 70, 16
+  q, k, v = _draw(rng, b, t, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
+  lengths = np.asarray([0, 17, s - t])
+  mask = attn.causal_mask_info(jnp.asarray(lengths[:, None] + np.arange(t)[None, :], jnp.int32))
+  mask = mask.replace(visible_end=jnp.where(jnp.arange(t)[None, :] <= kk, mask.visible_end, 0))
+  _check_cpu_attention(q, k, v, mask)
+
+
+@needs_cpu_attention
+@pytest.mark.parametrize("kk,fan_out,h,g", [(3, uniform_fan_out(3, 2), 2, 2), (4, geometric_fan_out(4, 12, 0.8, 0.5), 6, 2)])
+def test_cpu_attention_tree_matches_reference(kk, fan_out, h, g):
+  """The draft's tree step: each branch sees the prefix, the glue up to its fork and its own scratch slots up to its
+  depth (depth -1: none), laid out as draft_tree writes them."""
+  rng = np.random.default_rng(sum(fan_out))
+  b, n, d = 2, sum(fan_out), 8
+  s = 48 + kk + kk * n
+  q, k, v = _draw(rng, b, n, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
+  for _ in range(3):
+    lengths = rng.integers(1, 48, b)
+    branch_j = np.repeat(np.arange(kk + 1), fan_out)
+    mask = attn.MaskInfo(visible_end=jnp.asarray(lengths[:, None] + branch_j[None, :], jnp.int32),
+                         tree_start=jnp.asarray(lengths + kk, jnp.int32),
+                         tree_branch=jnp.asarray(np.broadcast_to(np.arange(n), (b, n)), jnp.int32),
+                         tree_depth=jnp.asarray(rng.integers(-1, kk, (b, n)), jnp.int32), tree_width=n)
+    _check_cpu_attention(q, k, v, mask)
+
+
+@needs_cpu_attention
+def test_cpu_attention_counts_a_slot_once_when_tree_and_prefix_overlap():
+  """The mask is a union: a branch slot that also lies below visible_end is one key, not two (the reference's
+  semantics); tree slots past the cache's end are ignored."""
+  rng = np.random.default_rng(3)
+  b, t, h, g, d, s = 1, 4, 2, 1, 8, 20
+  q, k, v = _draw(rng, b, t, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
+  mask = attn.MaskInfo(visible_end=jnp.asarray([[10, 12, 3, 0]], jnp.int32), tree_start=jnp.asarray([8], jnp.int32),
+                       tree_branch=jnp.asarray([[0, 1, 2, 3]], jnp.int32),
+                       tree_depth=jnp.asarray([[2, 1, 0, 5]], jnp.int32), tree_width=4)
+  _check_cpu_attention(q, k, v, mask)
+
+
+@needs_cpu_attention
+def test_cpu_attention_gradient_matches_reference():
+  """Draft training differentiates through attention: the kernel's VJP equals the reference's."""
+  rng = np.random.default_rng(5)
+  b, t, h, g, d = 2, 6, 4, 2, 8
+  q, k, v = _draw(rng, b, t, h, d), _draw(rng, b, t, g, d), _draw(rng, b, t, g, d)
+  mask = attn.causal_mask_info(jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+  loss = lambda fn: lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v, mask)))  # noqa: E731
+  got = jax.grad(loss(attn.cpu_attention), argnums=(0, 1, 2))(q, k, v)
+  want = jax.grad(loss(attn.ref_attention), argnums=(0, 1, 2))(q, k, v)
+  for a, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+@needs_cpu_attention
+def test_attention_auto_is_the_cpu_kernel_for_float32_on_cpu():
+  """'auto' picks the kernel for float32 on a CPU and the reference otherwise; 'cpu' refuses what it cannot run."""
+  rng = np.random.default_rng(0)
+  q, k = _draw(rng, 1, 1, 2, 8), _draw(rng, 1, 4, 1, 8)
+  assert attn.resolve_impl("auto", q, k) == "cpu"
+  assert attn.resolve_impl("auto", q.astype(jnp.bfloat16), k.astype(jnp.bfloat16)) == "ref"
+  mask = attn.causal_mask_info(jnp.asarray([[2]], jnp.int32))
+  with pytest.raises(ValueError, match="float32"):
+    attn.attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), k.astype(jnp.bfloat16), mask, impl="cpu")

@@ -1,5 +1,6 @@
 """Tensor-parallel target mesh and the draft on its own device: same tokens, intended shardings."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -125,3 +126,24 @@ def test_few_row_kernel_multiplies_local_shards(spec):
   f = jax.jit(model.dense)
   assert "all-gather" not in f.lower(x, w).compile().as_text()
   np.testing.assert_allclose(np.asarray(f(x, w)), np.full((3, 64), 32.0))
+
+
+def test_cpu_attention_kernel_attends_over_local_heads():
+  # With the KV cache split by KV heads over the mesh, each device runs the kernel on its own heads: no all-gather
+  # of the cache before the custom call, and the result is the reference's.
+  from jax.sharding import NamedSharding
+
+  from ssd_jax.kernels import masked_attention as attn
+  if not attn.cpu_attention_available():
+    pytest.skip("CPU attention kernel not built here")
+  mesh = make_placement(2, 0).target_mesh
+  rng = np.random.default_rng(0)
+  q = rng.standard_normal((1, 3, 6, 8), dtype=np.float32)
+  k, v = (rng.standard_normal((1, 32, 2, 8), dtype=np.float32) for _ in range(2))
+  heads = NamedSharding(mesh, P(None, None, "tp", None))
+  mask = attn.causal_mask_info(jnp.asarray([[9, 10, 11]], jnp.int32))
+  f = jax.jit(lambda q, k, v, m: attn.attention(q, k, v, m, impl="cpu"))
+  args = (jax.device_put(q, heads), jax.device_put(k, heads), jax.device_put(v, heads), mask)
+  assert "all-gather" not in f.lower(*args).compile().as_text()
+  np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(attn.ref_attention(q, k, v, mask)), rtol=2e-5,
+                             atol=2e-5)

@@ -19,7 +19,7 @@ from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
 def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p, cfg: ModelConfig,
-            attn_impl: str = "ref"):
+            attn_impl: str = "auto"):
   """Returns (next tokens [B], cache) after appending `tokens` [B] to every row.
 
   Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, shapes;
@@ -48,7 +48,7 @@ class ARDecoder:
 
   mode = "ar"
 
-  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "ref", placement: Placement | None = None):
+  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "auto", placement: Placement | None = None):
     self.placement = placement or make_placement(1, 0)
     self.cfg, self.attn_impl = cfg, attn_impl
     self.params = self.placement.shard_target(params, cfg)

@@ -71,7 +71,7 @@ def cache_slots(cfg: ModelConfig, max_prompt: int, max_new: int, lookahead: int 
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
-def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "ref"):
+def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto"):
   """Returns (logits at each row's last prompt token [B, V_out], cache holding the prompts, lengths set).
 
   Static: cfg, attn_impl and the shapes (tokens are padded to a bucket, so a few programs serve all prompts).

@@ -38,7 +38,7 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, k: int) -> None:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "saguaro_top"), donate_argnames=("cache",))
 def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
-                  k: int, attn_impl: str = "ref", saguaro_top: int = 0):
+                  k: int, attn_impl: str = "auto", saguaro_top: int = 0):
   """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache).
 
   last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k,
@@ -76,7 +76,7 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
 
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
 def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperature, top_p, cfg: ModelConfig,
-           attn_impl: str = "ref"):
+           attn_impl: str = "auto"):
   """Returns (accept_len [B], bonus [B], cache) for one verification of [x_L, s_1..s_K] per row.
 
   cache.lengths is L-1 on entry; on exit it is L+k for active rows (unchanged for inactive ones). Static: cfg and
@@ -97,7 +97,7 @@ class SDDecoder:
   mode = "sd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 1,
-               attn_impl: str = "ref", placement: Placement | None = None):
+               attn_impl: str = "auto", placement: Placement | None = None):
     check_pair(target_cfg, draft_cfg, k)
     self.placement = placement or make_placement(1, 0)
     self.tcfg, self.dcfg, self.k = target_cfg, draft_cfg, k

@@ -45,7 +45,7 @@ def tree_lookahead(k: int, fan_out: tuple) -> int:
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "saguaro_top"),
                    donate_argnames=("cache",))
 def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
-               k: int, fan_out: tuple, attn_impl: str = "ref", saguaro_top: int = 0):
+               k: int, fan_out: tuple, attn_impl: str = "auto", saguaro_top: int = 0):
   """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], g, cache), N = sum(fan_out).
 
   tree_q holds each tree token's exact distribution over the draft's output rows (its head vocabulary, where all of
@@ -226,7 +226,7 @@ class SSDDecoder:
   mode = "ssd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 1,
-               fan_out=3, attn_impl: str = "ref", placement: Placement | None = None, fan_out_miss=None,
+               fan_out=3, attn_impl: str = "auto", placement: Placement | None = None, fan_out_miss=None,
                backup: str = "neural",
                saguaro_c: float = 1.0, record_ranks: bool = False):
     check_pair(target_cfg, draft_cfg, k)

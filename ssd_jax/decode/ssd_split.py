@@ -76,7 +76,7 @@ class SplitSSDDecoder:
   mode = "ssd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params, k: int = 1,
-               fan_out=3, attn_impl: str = "ref", fan_out_miss=None, backup: str = "neural",
+               fan_out=3, attn_impl: str = "auto", fan_out_miss=None, backup: str = "neural",
                saguaro_c: float = 1.0, target_cores=None, draft_cores=None):
     check_pair(target_cfg, draft_cfg, k)
     self.fan_out, self.fan_out_miss, self.saguaro_top = ssd_settings(k, fan_out, fan_out_miss, backup, saguaro_c,

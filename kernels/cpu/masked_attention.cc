@@ -1,0 +1,128 @@
+// Masked attention over a KV cache for XLA:CPU, reading only the slots each query sees.
+//
+// The jnp reference scores every query against every cache slot, builds a dense [T, S] mask and runs a softmax
+// over all of it: at decode (one query, a few hundred visible slots of a cache of S) that is most of the work, and
+// on the 2-core CPU it measured about a quarter of the target's whole AR step. This kernel walks, per query, the
+// slots < visible_end and then its own tree branch's slots (kernels/masked_attention.py describes the metadata),
+// with an online softmax, so the cost follows the visible length, not the cache's size. The query heads that share
+// a KV head are handled together, so each key and value row is read once per group.
+//
+// Layouts (row-major): q [B, T, H, D], k and v [B, S, G, D], visible_end / tree_branch / tree_depth [B, T],
+// tree_start [B]; out [B, T, H, D]. H = G * R. Computed in float32.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr float kNeg = -1e30f;
+constexpr int kMaxR = 16;  // query heads per KV head handled in registers-sized scratch
+
+int Threads() {
+  const int n = omp_get_num_procs();
+  return n < 1 ? 1 : n;
+}
+
+inline float Dot(const float* a, const float* b, int64_t d) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// One (row b, query t, KV head g): the R query heads of the group against the visible slots.
+void AttendGroup(const float* q, const float* k, const float* v, float* out, int64_t S, int64_t G, int64_t D,
+                 int64_t R, int64_t vis_end, int64_t tree_lo, int64_t tree_depth, int64_t tree_width,
+                 float scale) {
+  float m[kMaxR], l[kMaxR];
+  std::vector<float> acc(static_cast<size_t>(R * D), 0.f);
+  for (int64_t r = 0; r < R; ++r) {
+    m[r] = kNeg;
+    l[r] = 0.f;
+  }
+  auto visit = [&](int64_t s) {
+    const float* ks = k + (s * G) * D;
+    const float* vs = v + (s * G) * D;
+    for (int64_t r = 0; r < R; ++r) {
+      const float x = Dot(q + r * D, ks, D) * scale;
+      float* a = acc.data() + r * D;
+      if (x > m[r]) {
+        const float c = std::exp(m[r] - x);
+        l[r] = l[r] * c + 1.f;
+        for (int64_t i = 0; i < D; ++i) a[i] = a[i] * c + vs[i];
+        m[r] = x;
+      } else {
+        const float p = std::exp(x - m[r]);
+        l[r] += p;
+        for (int64_t i = 0; i < D; ++i) a[i] += p * vs[i];
+      }
+    }
+  };
+  const int64_t end = std::min<int64_t>(std::max<int64_t>(vis_end, 0), S);
+  for (int64_t s = 0; s < end; ++s) visit(s);
+  if (tree_width > 0 && tree_depth >= 0) {
+    for (int64_t d = 0; d <= tree_depth; ++d) {
+      const int64_t s = tree_lo + d * tree_width;
+      if (s >= S) break;
+      if (s >= end && s >= 0) visit(s);  // slots below visible_end are already counted
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = out + r * D;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // no visible key (padding): zeros, as the reference gives
+    for (int64_t i = 0; i < D; ++i) o[i] = acc[r * D + i] * inv;
+  }
+}
+
+ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                               ffi::Buffer<ffi::S32> visible_end, ffi::Buffer<ffi::S32> tree_start,
+                               ffi::Buffer<ffi::S32> tree_branch, ffi::Buffer<ffi::S32> tree_depth,
+                               ffi::ResultBuffer<ffi::F32> out, int64_t tree_width) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  if (qd.size() != 4 || kd.size() != 4) return ffi::Error::InvalidArgument("q and k must be 4-D");
+  const int64_t B = qd[0], T = qd[1], H = qd[2], D = qd[3], S = kd[1], G = kd[2];
+  if (kd[0] != B || kd[3] != D || G <= 0 || H % G != 0) return ffi::Error::InvalidArgument("q/k shapes disagree");
+  const int64_t R = H / G;
+  if (R > kMaxR) return ffi::Error::InvalidArgument("too many query heads per KV head");
+  const float* Q = q.typed_data();
+  const float* K = k.typed_data();
+  const float* V = v.typed_data();
+  const int32_t* VE = visible_end.typed_data();
+  const int32_t* TS = tree_start.typed_data();
+  const int32_t* TB = tree_branch.typed_data();
+  const int32_t* TD = tree_depth.typed_data();
+  float* O = out->typed_data();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int64_t tasks = B * T * G;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(Threads()) if (tasks > 1)
+  for (int64_t i = 0; i < tasks; ++i) {
+    const int64_t g = i % G, bt = i / G, b = bt / T;
+    const int64_t lo = static_cast<int64_t>(TS[b]) + TB[bt];
+    AttendGroup(Q + (bt * H + g * R) * D, K + (b * S * G + g) * D, V + (b * S * G + g) * D,
+                O + (bt * H + g * R) * D, S, G, D, R, VE[bt], lo, TD[bt], tree_width, scale);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdMaskedAttention, MaskedAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("tree_width"));
