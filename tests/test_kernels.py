@@ -8,6 +8,7 @@ import pytest
 import ssd_jax.kernels.masked_attention as attn
 from ssd_jax.fan_out import geometric_fan_out, uniform_fan_out
 from ssd_jax.kernels import rows_matmul
+from test_attention_kernels import tree_mask, verify_mask
 
 needs_cpu_attention = pytest.mark.skipif(not attn.cpu_attention_available(),
                                          reason="no C++ compiler for the CPU attention kernel")
@@ -89,29 +90,20 @@ def test_cpu_attention_causal_matches_reference(t, h, g, kk):
   rng = np.random.default_rng(t * 10 + h)
   b, s, d = 3, 70, 16
   q, k, v = _draw(rng, b, t, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
-  lengths = np.asarray([0, 17, s - t])
-  mask = attn.causal_mask_info(jnp.asarray(lengths[:, None] + np.arange(t)[None, :], jnp.int32))
-  mask = mask.replace(visible_end=jnp.where(jnp.arange(t)[None, :] <= kk, mask.visible_end, 0))
-  _check_cpu_attention(q, k, v, mask)
+  _check_cpu_attention(q, k, v, verify_mask(np.asarray([0, 17, s - t]), t, kk))
 
 
 @needs_cpu_attention
 @pytest.mark.parametrize("kk,fan_out,h,g", [(3, uniform_fan_out(3, 2), 2, 2), (4, geometric_fan_out(4, 12, 0.8, 0.5), 6, 2)])
 def test_cpu_attention_tree_matches_reference(kk, fan_out, h, g):
   """The draft's tree step: each branch sees the prefix, the glue up to its fork and its own scratch slots up to its
-  depth (depth -1: none), laid out as draft_tree writes them."""
+  depth (depth -1: none), laid out as draft_tree writes them (test_attention_kernels.tree_mask)."""
   rng = np.random.default_rng(sum(fan_out))
   b, n, d = 2, sum(fan_out), 8
   s = 48 + kk + kk * n
   q, k, v = _draw(rng, b, n, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
   for _ in range(3):
-    lengths = rng.integers(1, 48, b)
-    branch_j = np.repeat(np.arange(kk + 1), fan_out)
-    mask = attn.MaskInfo(visible_end=jnp.asarray(lengths[:, None] + branch_j[None, :], jnp.int32),
-                         tree_start=jnp.asarray(lengths + kk, jnp.int32),
-                         tree_branch=jnp.asarray(np.broadcast_to(np.arange(n), (b, n)), jnp.int32),
-                         tree_depth=jnp.asarray(rng.integers(-1, kk, (b, n)), jnp.int32), tree_width=n)
-    _check_cpu_attention(q, k, v, mask)
+    _check_cpu_attention(q, k, v, tree_mask(rng, rng.integers(1, 48, b), kk, fan_out))
 
 
 @needs_cpu_attention

@@ -70,43 +70,34 @@ void DotRows(const float* X, const float* E, float* Y, int64_t K, int64_t N, int
 // quarter as often (measured 10-30% faster at 4-8 rows on the 2-core CPU, level below 4). Each y element still adds
 // its terms one k at a time, in k order (the build keeps the source's association), so a row's result is the same
 // bit for bit whatever the row count.
+// Applies w rows k .. k+KU-1 to every y row in one pass over y.
+template <int M, int KU>
+inline void AxpyStep(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k) {
+  const int64_t n8 = N & ~int64_t(7);
+  const float* wr = W + k * N;
+  float a[M][KU];
+  for (int m = 0; m < M; ++m)
+    for (int q = 0; q < KU; ++q) a[m][q] = X[m * K + k + q];
+  for (int64_t n = 0; n < n8; n += 8) {
+    v8 w[KU];
+    for (int q = 0; q < KU; ++q) w[q] = load8(wr + q * N + n);
+    for (int m = 0; m < M; ++m) {
+      v8 y = load8(Y + m * N + n);
+      for (int q = 0; q < KU; ++q) y += a[m][q] * w[q];
+      std::memcpy(Y + m * N + n, &y, sizeof(y));
+    }
+  }
+  for (int64_t n = n8; n < N; ++n)
+    for (int m = 0; m < M; ++m)
+      for (int q = 0; q < KU; ++q) Y[m * N + n] += a[m][q] * wr[q * N + n];
+}
+
 template <int M>
 void AxpyRows(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1) {
-  const int64_t n8 = N & ~int64_t(7);
-  constexpr int64_t KU = M >= 4 ? 4 : 1;
+  constexpr int KU = M >= 4 ? 4 : 1;
   int64_t k = k0;
-  for (; KU > 1 && k + KU <= k1; k += KU) {
-    const float* wr = W + k * N;
-    float a[M][KU];
-    for (int m = 0; m < M; ++m)
-      for (int64_t q = 0; q < KU; ++q) a[m][q] = X[m * K + k + q];
-    for (int64_t n = 0; n < n8; n += 8) {
-      v8 w[KU];
-      for (int64_t q = 0; q < KU; ++q) w[q] = load8(wr + q * N + n);
-      for (int m = 0; m < M; ++m) {
-        v8 y = load8(Y + m * N + n);
-        for (int64_t q = 0; q < KU; ++q) y += a[m][q] * w[q];
-        std::memcpy(Y + m * N + n, &y, sizeof(y));
-      }
-    }
-    for (int64_t n = n8; n < N; ++n)
-      for (int m = 0; m < M; ++m)
-        for (int64_t q = 0; q < KU; ++q) Y[m * N + n] += a[m][q] * wr[q * N + n];
-  }
-  for (; k < k1; ++k) {
-    const float* wr = W + k * N;
-    float a[M];
-    for (int m = 0; m < M; ++m) a[m] = X[m * K + k];
-    for (int64_t n = 0; n < n8; n += 8) {
-      const v8 w = load8(wr + n);
-      for (int m = 0; m < M; ++m) {
-        v8 y = load8(Y + m * N + n) + a[m] * w;
-        std::memcpy(Y + m * N + n, &y, sizeof(y));
-      }
-    }
-    for (int64_t n = n8; n < N; ++n)
-      for (int m = 0; m < M; ++m) Y[m * N + n] += a[m] * wr[n];
-  }
+  for (; KU > 1 && k + KU <= k1; k += KU) AxpyStep<M, KU>(X, W, Y, K, N, k);
+  for (; k < k1; ++k) AxpyStep<M, 1>(X, W, Y, K, N, k);
 }
 
 
