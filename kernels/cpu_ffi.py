@@ -70,3 +70,13 @@ def available(name: str, targets: dict[str, str]) -> bool:
               file=sys.stderr)
         _STATE[name] = False
   return _STATE[name]
+
+
+def require(name: str, targets: dict[str, str], fallback: str) -> None:
+  """Like `available`, but raises a RuntimeError naming `fallback` (what to call instead) when the kernel is not
+  usable, instead of letting XLA fail later with an unregistered custom call."""
+  if not available(name, targets):
+    why = ("SSD_JAX_NO_CPU_KERNELS is set" if os.environ.get("SSD_JAX_NO_CPU_KERNELS")
+           else f"the backend is {jax.default_backend()!r}" if jax.default_backend() != "cpu"
+           else "it did not build (the message above says why)")
+    raise RuntimeError(f"the C++ CPU kernel {name} is not available: {why}; use {fallback} instead")

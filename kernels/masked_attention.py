@@ -353,9 +353,12 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
+_CPU_TARGETS = {"ssd_masked_attention": "SsdMaskedAttention"}
+
+
 def cpu_attention_available() -> bool:
   """Returns whether the C++ CPU kernel (kernels/cpu/masked_attention.cc) is usable, building it on first call."""
-  return cpu_ffi.available("masked_attention", {"ssd_masked_attention": "SsdMaskedAttention"})
+  return cpu_ffi.available("masked_attention", _CPU_TARGETS)
 
 
 def _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width: int):
@@ -421,7 +424,11 @@ _cpu_attention.defvjp(_cpu_fwd, _cpu_bwd)
 
 def cpu_attention(q, k, v, mask: MaskInfo):
   """Returns `ref_attention(q, k, v, mask)` from the C++ CPU kernel, which reads only the slots each query sees
-  (float32; callers check `cpu_attention_available()`)."""
+  (float32). Builds the kernel on first use; raises a RuntimeError where it cannot (`cpu_attention_available()`
+  says so beforehand; `ref_attention` is the portable path)."""
+  cpu_ffi.require("masked_attention", _CPU_TARGETS, "ref_attention (attn_impl='ref')")
+  if not all(x.dtype == jnp.float32 for x in (q, k, v)):
+    raise TypeError(f"cpu_attention takes float32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}; use ref_attention")
   i32 = lambda x: x.astype(jnp.int32)  # noqa: E731
   return _cpu_attention(q, k, v, i32(mask.visible_end), i32(mask.tree_start), i32(mask.tree_branch),
                         i32(mask.tree_depth), mask.tree_width)

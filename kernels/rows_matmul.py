@@ -15,9 +15,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from . import cpu_ffi
 
 
+_TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT"}
+
+
 def available() -> bool:
   """Returns whether the CPU kernel is usable (compiling and registering it on first call)."""
-  return cpu_ffi.available("rows_matmul", {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT"})
+  return cpu_ffi.available("rows_matmul", _TARGETS)
 
 
 def ref_rows_matmul(x, w, transposed: bool = False):
@@ -95,5 +98,11 @@ _rows.defvjp(_rows_fwd, _rows_bwd)
 
 
 def rows_matmul(x, w, transposed: bool = False):
-  """Returns x @ w (or x @ w.T) through the CPU kernel; float32 only (callers check `available()` first)."""
+  """Returns x @ w (or x @ w.T) through the CPU kernel; float32 only. Builds the kernel on first use; raises a
+  RuntimeError where it cannot (`available()` says so beforehand; `ref_rows_matmul` is the portable product)."""
+  cpu_ffi.require("rows_matmul", _TARGETS, "ref_rows_matmul")
+  if x.dtype != jnp.float32 or w.dtype != jnp.float32:
+    raise TypeError(f"rows_matmul takes float32 operands, got {x.dtype} and {w.dtype}; use ref_rows_matmul")
+  if w.ndim != 2 or x.shape[-1] != w.shape[1 if transposed else 0]:
+    raise ValueError(f"rows_matmul: x {x.shape} does not match w {w.shape} (transposed={transposed})")
   return _rows(x, w, transposed)

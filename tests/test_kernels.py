@@ -1,5 +1,9 @@
 """Kernels against their references: the CPU few-row product and the CPU masked attention (the Pallas attention
 kernels have tests/test_attention_kernels.py)."""
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +43,40 @@ def test_rows_matmul_row_does_not_depend_on_row_count(k, n):
   first = np.asarray(f(x[:1], w))[0]
   for m in (2, 3, 4, 5, 8, 16):
     np.testing.assert_array_equal(np.asarray(f(x[:m], w))[0], first)
+
+
+_FIRST_USE = """
+import jax.numpy as jnp
+from ssd_jax.kernels import masked_attention as a, rows_matmul as r
+x = jnp.ones((2, 8), jnp.float32)
+q, k = jnp.ones((1, 1, 2, 8), jnp.float32), jnp.ones((1, 4, 1, 8), jnp.float32)
+mask = a.causal_mask_info(jnp.asarray([[2]], jnp.int32))
+for name, f in (("rows", lambda: r.rows_matmul(x, jnp.ones((8, 3), jnp.float32))),
+                ("attention", lambda: a.cpu_attention(q, k, k, mask))):
+  try:
+    print(name, "ok", float(f().sum()))
+  except RuntimeError as e:
+    print(name, "refused", e)
+"""
+
+
+@pytest.mark.skipif(not (rows_matmul.available() and attn.cpu_attention_available()),
+                    reason="no C++ compiler for the CPU kernels")
+@pytest.mark.parametrize("disabled", [False, True])
+def test_kernel_entry_points_register_on_first_use_or_refuse_clearly(disabled):
+  """Called before any available() check (a fresh process), each kernel builds and registers itself instead of
+  XLA failing on an unregistered custom call; where kernels are off, the error names the portable function."""
+  env = {k: v for k, v in os.environ.items() if k != "SSD_JAX_NO_CPU_KERNELS"}
+  if disabled:
+    env["SSD_JAX_NO_CPU_KERNELS"] = "1"
+  res = subprocess.run([sys.executable, "-c", _FIRST_USE], capture_output=True, text=True, env=env, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  lines = res.stdout.splitlines()
+  if disabled:
+    assert lines[0].startswith("rows refused") and "use ref_rows_matmul" in lines[0], lines
+    assert lines[1].startswith("attention refused") and "ref_attention" in lines[1], lines
+  else:
+    assert lines == ["rows ok 48.0", "attention ok 16.0"], (lines, res.stderr[-2000:])
 
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
