@@ -45,6 +45,12 @@ def test_split_greedy_equals_ar(pair):
     assert ex["cache_hit_rate"] > 0  # both kinds of round happened
     assert ex["speculation_cache_bytes"] >= 4 * len(PROMPTS) * 10 * 3 * 40  # 10 branches x K=3 x 40 head rows
     assert ex["bytes_per_round"]["draft_to_target"] >= 4 * len(PROMPTS) * 3 * 40
+    # Where the target's wait went: each phase of the draft's replies lies inside the target's waits.
+    reply = ex["draft_reply_seconds"]
+    assert set(reply) == {"commit", "tree_wait", "lookup", "backup", "serve"} and min(reply.values()) >= 0
+    assert reply["backup"] > 0 and reply["lookup"] > 0
+    assert sum(reply.values()) <= ex["target_idle_seconds"] + ex["draft_wait_seconds"] + 1e-3
+    assert 0 <= ex["target_commit_seconds"] <= ex["draft_wait_seconds"]
     # A second call reuses the same draft process.
     assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]
   finally:

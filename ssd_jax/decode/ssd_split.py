@@ -195,10 +195,11 @@ class SplitSSDDecoder:
         stream(0, book.out[0][:])
       verify_root = jax.random.fold_in(key, 0xC0DE)
       bytes_in = bytes_out = 0
-      t_idle = t_wait = t_verify = 0.0
+      t_idle = t_wait = t_verify = t_commit = 0.0
       rnd = 0
       self._send("first", first)
       t_verified = time.perf_counter()
+      nxt = (put(book.state()[0][:, 1]), put(~book.done), jax.random.fold_in(verify_root, 1))
       _, spec_msg = self._recv()
       while True:
         spec_np, q_np = spec_msg["tokens"], spec_msg["q"]
@@ -206,18 +207,23 @@ class SplitSSDDecoder:
         spec = put(spec_np)
         q = run(serve_q, head, put(q_np), cfg=self.dcfg) if q_np.shape[-1] != tcfg.vocab_size else put(q_np)
         rnd += 1
-        last2, _ = book.state()
+        bonus_prev, active, kv = nxt
         t_dispatch = time.perf_counter()
         t_idle += t_dispatch - t_verified
-        acc, bonus, tcache = run(verify, self.tparams, tcache, put(last2[:, 1]), spec, q, put(~book.done),
-                                 jax.random.fold_in(verify_root, rnd), temp, top_p, **st)
+        acc, bonus, tcache = run(verify, self.tparams, tcache, bonus_prev, spec, q, active, kv, temp, top_p, **st)
         acc_np, bonus_np = np.asarray(acc), np.asarray(bonus)
         t_verified = time.perf_counter()
         t_verify += t_verified - t_dispatch
-        book.commit(acc_np, bonus_np, spec_np, t_verified, stream)
-        outcome = dict(accept_len=acc_np, bonus=bonus_np, verify_seconds=t_verified - t_dispatch)
+        # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
+        # while the draft looks the outcome up, instead of before it can start.
+        self._send("outcome", dict(accept_len=acc_np, bonus=bonus_np, verify_seconds=t_verified - t_dispatch))
         bytes_out += acc_np.nbytes + bonus_np.nbytes
-        kind, spec_msg = self._call("outcome", outcome)
+        t_sent = time.perf_counter()
+        book.commit(acc_np, bonus_np, spec_np, t_verified, stream)
+        last2, _ = book.state()
+        nxt = (put(last2[:, 1]), put(~book.done), jax.random.fold_in(verify_root, rnd + 1))
+        t_commit += time.perf_counter() - t_sent
+        kind, spec_msg = self._recv()
         t_wait += time.perf_counter() - t_verified
         if kind == "done":
           draft_stats = spec_msg
@@ -232,6 +238,8 @@ class SplitSSDDecoder:
               "target_idle_seconds": round(t_idle, 4), "draft_wait_seconds": round(t_wait, 4),
               "verify_seconds": round(t_verify, 4), "neural_backup_seconds": round(s["neural_s"], 4),
               "draft_tree_seconds": round(s["tree_s"], 4), "speculation_cache_bytes": int(s["cache_bytes"]),
+              "target_commit_seconds": round(t_commit, 4),
+              "draft_reply_seconds": {k: round(v, 4) for k, v in s["phase_s"].items()},
               "compile_seconds": round(run.compile_seconds + draft_compile, 3),
               "bytes_per_round": {"target_to_draft": round(bytes_out / max(rnd, 1)),
                                   "draft_to_target": round(bytes_in / max(rnd, 1))},
@@ -307,7 +315,8 @@ class _DraftSide:
                        self.sag_c, **st, k=k, fan_out=f, **sag)
     zq = put(jnp.zeros((b, k, cfg.vocab_size)))
     run.compile_only(lookup, put(jnp.zeros((b, n), jnp.int32)), put(jnp.zeros((n,), jnp.int32)),
-                     put(jnp.zeros((b, n, k), jnp.int32)), put(jnp.zeros((b, n, k, cfg.out_vocab))), z, z)
+                     put(jnp.zeros((b, n, k), jnp.int32)), put(jnp.zeros((b, n, k, cfg.out_vocab))),
+                     np.zeros(b, np.int32), np.zeros(b, np.int32))
     run.compile_only(serve_q, self.params, put(jnp.zeros((b, k, cfg.out_vocab))), cfg=cfg)
     run.compile_only(merge_rows, z > 0, zk, zq, zk, zq)
     if cfg.head_vocab is not None:
@@ -327,6 +336,13 @@ class _DraftSide:
     return choose_backup(self.backup, self.tally, self.b)
 
   def _run_backup(self, kind, rnd, hit=None, cached=None):
+    t_start = time.perf_counter()
+    try:
+      return self._backup(kind, rnd, hit, cached)
+    finally:
+      self.phase_s["backup"] += time.perf_counter() - t_start
+
+  def _backup(self, kind, rnd, hit, cached):
     run, cfg, k = self.run, self.cfg, self.k
     last2, lens = self.book.state()
     t = time.perf_counter()
@@ -350,11 +366,13 @@ class _DraftSide:
     """Returns the reply carrying the speculation, and prepares the tree on it, which `start_tree` dispatches once
     the reply is sent (so the target never waits for the tree, even where XLA runs a program synchronously). q travels over the draft's head vocabulary (`compact`: it already is), unless
     `full_q`: a fast backup's q (uniform, or a point mass on an n-gram token) may put mass outside it."""
+    t_start = time.perf_counter()
     tok_np = np.asarray(tok)
     if self.cfg.head_vocab is not None and not full_q and not compact:
       q_np = np.asarray(self.run(_compact_q, q, self.params["head_ids"]))
     else:
       q_np = np.asarray(q)
+    self.phase_s["serve"] += time.perf_counter() - t_start
     self.pending_tree = (tok, rnd + 1)
     self.spec_np = tok_np
     return ("spec", {"tokens": tok_np, "q": q_np})
@@ -382,6 +400,8 @@ class _DraftSide:
     self.backups_used = {"neural": 0, "fast": 0, "ngram": 0}
     self.tally = new_tally()
     self.tree_s = 0.0
+    # Host time per phase of the draft's reply to an outcome (what the target waits through), summed over rounds.
+    self.phase_s = {k: 0.0 for k in ("commit", "tree_wait", "lookup", "backup", "serve")}
     self.cache_bytes = 0  # the speculation cache: candidates, tree tokens and their distributions
     self.rnd = 0
     if self.book.done.all():
@@ -394,9 +414,10 @@ class _DraftSide:
   def _done(self):
     return ("done", {"hits": self.hits, "hits_by_len": self.hits_by_len, "rounds_by_len": self.rounds_by_len,
                      "backups_used": dict(self.backups_used), "neural_s": self.tally["neural_s"],
-                     "tree_s": self.tree_s, "cache_bytes": self.cache_bytes})
+                     "tree_s": self.tree_s, "cache_bytes": self.cache_bytes, "phase_s": dict(self.phase_s)})
 
   def outcome(self, msg):
+    t_recv = time.perf_counter()
     acc, bonus = msg["accept_len"], msg["bonus"]
     self.rnd += 1
     self.tally["verify_s"] += msg["verify_seconds"]
@@ -405,15 +426,21 @@ class _DraftSide:
     lens_before = self.book.state()[1]
     self.book.commit(acc, bonus, self.spec_np, time.perf_counter())
     record_round(self.tally, self.served, live, self.book.seqs, lens_before)
+    t_in = time.perf_counter()
     cand, branch_j, tree_t, tree_q, _, _ = self.tree
     tree_t.block_until_ready()
+    t_tree = time.perf_counter()
+    self.phase_s["commit"] += t_in - t_recv
+    self.phase_s["tree_wait"] += t_tree - t_in
     self.cache_bytes = max(self.cache_bytes, sum(x.nbytes for x in (cand, tree_t, tree_q)))
-    self.tree_s += time.perf_counter() - self.tree_dispatch
+    self.tree_s += t_tree - self.tree_dispatch
     if self.book.done.all():
       return self._done()
-    hit, c_tok, c_q = self.run(lookup, cand, branch_j, tree_t, tree_q, self._put(jnp.asarray(acc)),
-                               self._put(jnp.asarray(bonus)))
+    # The outcome goes in as host arrays: the compiled call copies them in, one dispatch instead of three.
+    hit, c_tok, c_q = self.run(lookup, cand, branch_j, tree_t, tree_q, np.asarray(acc, np.int32),
+                               np.asarray(bonus, np.int32))
     hit_np = np.asarray(hit)
+    self.phase_s["lookup"] += time.perf_counter() - t_tree
     for i in np.flatnonzero(live & ~self.book.done):
       self.hits[i] += hit_np[i]
       self.rounds_by_len[i, acc[i]] += 1
