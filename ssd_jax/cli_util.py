@@ -15,6 +15,32 @@ def split_cpu(n: int) -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
 
 
+def compile_cache() -> str | None:
+  """Keeps XLA's compiled programs on disk (JAX's persistent compilation cache) for the scripts, so a second run of
+  the same command loads them instead of compiling again; returns the directory, or None when off.
+
+  Under SSD_JAX_CACHE (default ~/.cache/ssd-jax)/xla. A cache the user configured (JAX_COMPILATION_CACHE_DIR) is
+  left as it is; SSD_JAX_NO_COMPILE_CACHE=1 turns it off. Set through the environment, so child processes (the
+  split SSD placement's draft process, the tests' script runs) share it.
+  """
+  if os.environ.get("SSD_JAX_NO_COMPILE_CACHE"):
+    return None
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    root = os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "xla")
+    # Small programs too: a decoder's many short compiles add up to most of a script's start-up.
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  if "jax" in sys.modules:  # imported already: the environment was read, so set the options directly
+    import jax
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                      int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")))
+  return os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
 class UsageError(Exception):
   """Bad user input: reported as one line, without a traceback."""
 
@@ -24,7 +50,9 @@ def fail(msg: str):
 
 
 def run_main(main) -> None:
-  """Runs main(); expected errors end the process with a one-line message and exit code 2."""
+  """Runs main() with the compilation cache on (`compile_cache`); expected errors end the process with a one-line
+  message and exit code 2."""
+  compile_cache()
   from .checkpoints import CheckpointError
   from .datasets import DataError
 

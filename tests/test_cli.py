@@ -29,6 +29,31 @@ def test_decode_bad_input_one_line_no_traceback(args, msg):
   assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+_COMPILE = ("from ssd_jax.cli_util import compile_cache; d = compile_cache(); import jax, jax.numpy as jnp; "
+            "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready(); print(d)")
+
+
+@pytest.mark.parametrize("setting", ["default", "user", "off"])
+def test_scripts_keep_compiled_programs_in_a_cache(tmp_path, setting):
+  """The scripts' persistent compilation cache: under SSD_JAX_CACHE/xla by default (programs land there), the
+  user's JAX_COMPILATION_CACHE_DIR left as it is, none with SSD_JAX_NO_COMPILE_CACHE."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT", "SSD_JAX_NO_C"))}
+  env["SSD_JAX_CACHE"] = str(tmp_path / "cache")
+  if setting == "user":
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "theirs")
+  if setting == "off":
+    env["SSD_JAX_NO_COMPILE_CACHE"] = "1"
+  r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  ours = tmp_path / "cache" / "xla"
+  if setting == "default":
+    assert r.stdout.strip() == str(ours) and any(ours.iterdir())
+  elif setting == "user":
+    assert r.stdout.strip() == str(tmp_path / "theirs") and not ours.exists()
+  else:
+    assert r.stdout.strip() == "None" and not ours.exists()
+
+
 def test_decode_empty_prompt_file(tmp_path):
   f = tmp_path / "p.jsonl"
   f.write_text("\n")
