@@ -15,15 +15,28 @@ def split_cpu(n: int) -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}").strip()
 
 
+def _intel_cpu() -> bool:
+  try:
+    with open("/proc/cpuinfo") as f:
+      return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+  except OSError:
+    return False
+
+
 def compile_cache() -> str | None:
   """Keeps XLA's compiled programs on disk (JAX's persistent compilation cache) for the scripts, so a second run of
   the same command loads them instead of compiling again; returns the directory, or None when off.
 
   Under SSD_JAX_CACHE (default ~/.cache/ssd-jax)/xla. A cache the user configured (JAX_COMPILATION_CACHE_DIR) is
-  left as it is; SSD_JAX_NO_COMPILE_CACHE=1 turns it off. Set through the environment, so child processes (the
-  split SSD placement's draft process, the tests' script runs) share it.
+  left as it is; SSD_JAX_NO_COMPILE_CACHE=1 turns it off. Off by default on Intel CPUs, whose cached XLA:CPU
+  programs current XLA rejects on reload (SSD_JAX_COMPILE_CACHE=1 turns it on there). Set through the environment,
+  so child processes (the split SSD placement's draft process, the tests' script runs) share it.
   """
   if os.environ.get("SSD_JAX_NO_COMPILE_CACHE"):
+    return None
+  if _intel_cpu() and not os.environ.get("SSD_JAX_COMPILE_CACHE") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # XLA:CPU rejects its own cached programs on many Intel hosts (LLVM tuning flags taken for missing CPU
+    # features, openxla/xla#44565): every load fails with an error line and recompiles. Off there unless asked.
     return None
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     root = os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))

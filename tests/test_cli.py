@@ -39,6 +39,7 @@ def test_scripts_keep_compiled_programs_in_a_cache(tmp_path, setting):
   user's JAX_COMPILATION_CACHE_DIR left as it is, none with SSD_JAX_NO_COMPILE_CACHE."""
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT", "SSD_JAX_NO_C"))}
   env["SSD_JAX_CACHE"] = str(tmp_path / "cache")
+  env["SSD_JAX_COMPILE_CACHE"] = "1"  # also on an Intel host, where it is off by default
   if setting == "user":
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "theirs")
   if setting == "off":
@@ -52,6 +53,14 @@ def test_scripts_keep_compiled_programs_in_a_cache(tmp_path, setting):
     assert r.stdout.strip() == str(tmp_path / "theirs") and not ours.exists()
   else:
     assert r.stdout.strip() == "None" and not ours.exists()
+
+
+def test_compile_cache_is_off_by_default_on_intel_cpus(monkeypatch):
+  from ssd_jax import cli_util
+  for k in ("SSD_JAX_NO_COMPILE_CACHE", "SSD_JAX_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR"):
+    monkeypatch.delenv(k, raising=False)
+  monkeypatch.setattr(cli_util, "_intel_cpu", lambda: True)
+  assert cli_util.compile_cache() is None and "JAX_COMPILATION_CACHE_DIR" not in os.environ
 
 
 def test_decode_empty_prompt_file(tmp_path):
