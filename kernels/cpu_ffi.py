@@ -48,6 +48,15 @@ def _build(name: str) -> str:
   return out
 
 
+def _switched_off() -> str | None:
+  """Returns why the CPU kernels are not to be used here at all, or None."""
+  if os.environ.get("SSD_JAX_NO_CPU_KERNELS"):
+    return "SSD_JAX_NO_CPU_KERNELS is set"
+  if jax.default_backend() != "cpu":
+    return f"the backend is {jax.default_backend()!r}"
+  return None
+
+
 def available(name: str, targets: dict[str, str]) -> bool:
   """Returns whether kernels/cpu/{name}.cc is usable, compiling it and registering `targets` ({XLA target name:
   exported symbol}) on the first call."""
@@ -55,7 +64,7 @@ def available(name: str, targets: dict[str, str]) -> bool:
     return _STATE[name]
   with _LOCK:
     if name not in _STATE:
-      if os.environ.get("SSD_JAX_NO_CPU_KERNELS") or jax.default_backend() != "cpu":
+      if _switched_off():
         _STATE[name] = False
         return False
       try:
@@ -76,7 +85,5 @@ def require(name: str, targets: dict[str, str], fallback: str) -> None:
   """Like `available`, but raises a RuntimeError naming `fallback` (what to call instead) when the kernel is not
   usable, instead of letting XLA fail later with an unregistered custom call."""
   if not available(name, targets):
-    why = ("SSD_JAX_NO_CPU_KERNELS is set" if os.environ.get("SSD_JAX_NO_CPU_KERNELS")
-           else f"the backend is {jax.default_backend()!r}" if jax.default_backend() != "cpu"
-           else "it did not build (the message above says why)")
+    why = _switched_off() or "it did not build (the message above says why)"
     raise RuntimeError(f"the C++ CPU kernel {name} is not available: {why}; use {fallback} instead")

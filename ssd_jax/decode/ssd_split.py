@@ -197,9 +197,12 @@ class SplitSSDDecoder:
       bytes_in = bytes_out = 0
       t_idle = t_wait = t_verify = t_commit = 0.0
       rnd = 0
+      def stage(r):  # round r's small verify inputs, known once the previous round is committed
+        return put(book.state()[0][:, 1]), put(~book.done), jax.random.fold_in(verify_root, r)
+
       self._send("first", first)
       t_verified = time.perf_counter()
-      nxt = (put(book.state()[0][:, 1]), put(~book.done), jax.random.fold_in(verify_root, 1))
+      nxt = stage(1)
       _, spec_msg = self._recv()
       while True:
         spec_np, q_np = spec_msg["tokens"], spec_msg["q"]
@@ -220,8 +223,7 @@ class SplitSSDDecoder:
         bytes_out += acc_np.nbytes + bonus_np.nbytes
         t_sent = time.perf_counter()
         book.commit(acc_np, bonus_np, spec_np, t_verified, stream)
-        last2, _ = book.state()
-        nxt = (put(last2[:, 1]), put(~book.done), jax.random.fold_in(verify_root, rnd + 1))
+        nxt = stage(rnd + 1)
         t_commit += time.perf_counter() - t_sent
         kind, spec_msg = self._recv()
         t_wait += time.perf_counter() - t_verified
