@@ -34,11 +34,11 @@ def compile_cache() -> str | None:
   """
   if os.environ.get("SSD_JAX_NO_COMPILE_CACHE"):
     return None
-  if _intel_cpu() and not os.environ.get("SSD_JAX_COMPILE_CACHE") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    # XLA:CPU rejects its own cached programs on many Intel hosts (LLVM tuning flags taken for missing CPU
-    # features, openxla/xla#44565): every load fails with an error line and recompiles. Off there unless asked.
-    return None
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    if not os.environ.get("SSD_JAX_COMPILE_CACHE") and _intel_cpu():
+      # XLA:CPU rejects its own cached programs on many Intel hosts (LLVM tuning flags taken for missing CPU
+      # features, openxla/xla#44565): every load fails with an error line and recompiles. Off there unless asked.
+      return None
     root = os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "xla")
     # Small programs too: a decoder's many short compiles add up to most of a script's start-up.
