@@ -13,8 +13,9 @@ prompt; in the chat template, with the default system prompt) is answered greedi
 turns are never answered: they are the fan-out calibration prompts (datasets.sharegpt_calibration_prompts). Each
 batch is written as a shard `shard_NNNNN.npz` (ids uint16 = prompt + answer + end-of-turn, mask uint8 = 1 on the
 answer) under --out, so a stopped run resumes where it left off and training can start on the shards already
-written (`ssd_jax.train.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only ShareGPT is used;
-no benchmark or held-out prompt set.
+written (`ssd_jax.train.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only ShareGPT is used (or,
+with --prompts-file, the given prompts: e.g. scripts/make_synthetic_prompts.py's); no benchmark or held-out prompt
+set.
 """
 from __future__ import annotations
 
@@ -39,10 +40,15 @@ def parse_args(argv=None):
   p.add_argument("--user-turns", choices=("first", "later"), default="first",
                  help="answer each conversation's first user message, or its later ones as stand-alone prompts "
                       "(~37,500 more once the ~15,300 first ones are used)")
+  p.add_argument("--prompts-file", default=None,
+                 help="answer the prompts of this JSONL file ({\"prompt\": ...} per line, e.g. from "
+                      "scripts/make_synthetic_prompts.py) instead of ShareGPT's; --num-prompts and --skip-prompts "
+                      "then select from it")
   p.add_argument("--max-new-tokens", type=int, default=256)
   p.add_argument("--max-prompt-tokens", type=int, default=256, help="skip longer prompts")
   p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together (one shard each)")
-  p.add_argument("--tiny", action="store_true", help="three prompts, four tokens each: a smoke run for tests")
+  p.add_argument("--tiny", action="store_true", help="four tokens an answer, two a batch, three fixed prompts unless --prompts-file: a smoke "
+                      "run for tests")
   return p.parse_args(argv)
 
 
@@ -57,8 +63,14 @@ def main(argv=None):
 
   pipe = api.load(args.target, draft=None)
   if args.tiny:
-    prompts = ["Hello there!", "What is two plus two?", "Name three colours."]
     args.max_new_tokens, args.batch_size = min(args.max_new_tokens, 4), min(args.batch_size, 2)
+  if args.tiny and not args.prompts_file:
+    prompts = ["Hello there!", "What is two plus two?", "Name three colours."]
+  elif args.prompts_file:
+    from ssd_jax import datasets
+    prompts = datasets.load_prompt_file(args.prompts_file)[args.skip_prompts:args.skip_prompts + args.num_prompts]
+    if not prompts:
+      fail(f"no prompts left in {args.prompts_file} after skipping {args.skip_prompts}")
   else:
     from ssd_jax import datasets
     prompts = datasets.sharegpt_training_prompts(args.num_prompts, args.skip_prompts, args.user_turns)
@@ -73,7 +85,8 @@ def main(argv=None):
   batches = [keep[i:i + args.batch_size] for i in range(0, len(keep), args.batch_size)]
   done = {int(os.path.basename(f)[6:11]) for f in glob.glob(os.path.join(out, "shard_*.npz"))}
   with open(os.path.join(out, "manifest.json"), "w") as f:
-    json.dump({"source": f"ShareGPT {args.user_turns} user turns", "skip_prompts": args.skip_prompts,
+    source = f"prompt file {args.prompts_file}" if args.prompts_file else f"ShareGPT {args.user_turns} user turns"
+    json.dump({"source": source, "skip_prompts": args.skip_prompts,
                "num_prompts": len(prompts), "kept": len(keep), "batch_size": args.batch_size,
                "max_new_tokens": args.max_new_tokens, "target": args.target, "decoding": "greedy"}, f, indent=1)
   eot = pipe.tokenizer.eos_id

@@ -98,6 +98,30 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
   assert r.returncode == 2 and "exceeds the context" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_target_corpus_from_a_prompt_file(tmp_path):
+  """make_target_corpus.py --prompts-file answers those prompts (here the synthetic ones), in order of length."""
+  import numpy as np
+
+  from ssd_jax import api, train
+  prompts = tmp_path / "p.jsonl"
+  r = run("make_synthetic_prompts.py", "--out", str(prompts), "--code", "1", "--math", "1", "--instructions", "2")
+  assert r.returncode == 0, r.stderr
+  texts = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
+  assert len(texts) == 4
+  out = tmp_path / "answers"
+  r = run("make_target_corpus.py", "--tiny", "--prompts-file", str(prompts), "--skip-prompts", "1", "--out", str(out))
+  assert r.returncode == 0, r.stderr[-2000:]
+  ids, mask, _, _ = train.load_answer_shards(str(out), heldout_every=10**6)
+  pipe = api.load(draft=None)
+  got = sorted(texts[1:], key=lambda t: len(pipe.encode_prompt(t)))  # the first was skipped
+  want = sum((pipe.encode_prompt(t) for t in got), [])
+  assert ids[mask == 0][:len(pipe.encode_prompt(got[0]))].tolist() == pipe.encode_prompt(got[0])
+  assert (mask == 0).sum() == len(want) + 3 and (mask == 1).sum() <= 3 * 5  # prompt + "\n"; <= 4 tokens + end
+  assert json.loads((out / "manifest.json").read_text())["source"] == f"prompt file {prompts}"
+  r = run("make_target_corpus.py", "--prompts-file", str(prompts), "--skip-prompts", "4", "--out", str(out))
+  assert r.returncode == 2 and "no prompts left" in r.stderr and "Traceback" not in r.stderr
+
+
 @pytest.mark.slow
 def test_target_corpus_then_training_and_resume(tmp_path):
   """make_target_corpus.py, then train_draft.py on ShareGPT mixed with that corpus, then a resume."""
