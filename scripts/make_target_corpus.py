@@ -47,8 +47,8 @@ def parse_args(argv=None):
   p.add_argument("--max-new-tokens", type=int, default=256)
   p.add_argument("--max-prompt-tokens", type=int, default=256, help="skip longer prompts")
   p.add_argument("--batch-size", type=int, default=32, help="prompts decoded together (one shard each)")
-  p.add_argument("--tiny", action="store_true", help="four tokens an answer, two a batch, three fixed prompts unless --prompts-file: a smoke "
-                      "run for tests")
+  p.add_argument("--tiny", action="store_true",
+                 help="four tokens an answer, two a batch, three fixed prompts unless --prompts-file: a smoke run")
   return p.parse_args(argv)
 
 
@@ -59,23 +59,22 @@ def main(argv=None):
   import numpy as np
   from tqdm.auto import tqdm
 
-  from ssd_jax import api, checkpoints
+  from ssd_jax import api, checkpoints, datasets
 
-  pipe = api.load(args.target, draft=None)
+  # The prompts first: a bad --prompts-file or an exhausted ShareGPT range fails before the target is loaded.
   if args.tiny:
     args.max_new_tokens, args.batch_size = min(args.max_new_tokens, 4), min(args.batch_size, 2)
   if args.tiny and not args.prompts_file:
     prompts = ["Hello there!", "What is two plus two?", "Name three colours."]
   elif args.prompts_file:
-    from ssd_jax import datasets
     prompts = datasets.load_prompt_file(args.prompts_file)[args.skip_prompts:args.skip_prompts + args.num_prompts]
     if not prompts:
       fail(f"no prompts left in {args.prompts_file} after skipping {args.skip_prompts}")
   else:
-    from ssd_jax import datasets
     prompts = datasets.sharegpt_training_prompts(args.num_prompts, args.skip_prompts, args.user_turns)
     if not prompts:
       fail(f"no ShareGPT {args.user_turns} user turns left after skipping {args.skip_prompts}")
+  pipe = api.load(args.target, draft=None)
   out = args.out or os.path.join(checkpoints.CHECKPOINT_DIR, "draft-train", "target_answers")
   os.makedirs(out, exist_ok=True)
   enc = [pipe.encode_prompt(p) for p in prompts]

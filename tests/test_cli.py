@@ -120,6 +120,8 @@ def test_target_corpus_from_a_prompt_file(tmp_path):
   assert json.loads((out / "manifest.json").read_text())["source"] == f"prompt file {prompts}"
   r = run("make_target_corpus.py", "--prompts-file", str(prompts), "--skip-prompts", "4", "--out", str(out))
   assert r.returncode == 2 and "no prompts left" in r.stderr and "Traceback" not in r.stderr
+  r = run("make_target_corpus.py", "--prompts-file", str(tmp_path / "missing.jsonl"), "--out", str(out))
+  assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ def test_code_stubs_are_signature_and_docstring_only():
 
 
 def test_code_stubs_from_a_given_tree(tmp_path):
-  (tmp_path / "mod.py").write_text('def f(x):\n  """Returns x doubled, as an int, for any number x."""\n  return 2 * x\n'
+  (tmp_path / "mod.py").write_text('def f(x):\n  """Returns x doubled, as an int, for any number x."""\n'
+                                  '  return 2 * x\n'
                                   'def _g(x):\n  """Private: never a prompt, although it has a docstring."""\n'
                                   'def h(x):\n  return x\n')
   (tmp_path / "test_mod.py").write_text('def t(x):\n  """A test module is skipped, whatever it holds."""\n')
