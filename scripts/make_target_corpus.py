@@ -64,12 +64,12 @@ def main(argv=None):
   # The prompts first: a bad --prompts-file or an exhausted ShareGPT range fails before the target is loaded.
   if args.tiny:
     args.max_new_tokens, args.batch_size = min(args.max_new_tokens, 4), min(args.batch_size, 2)
-  if args.tiny and not args.prompts_file:
-    prompts = ["Hello there!", "What is two plus two?", "Name three colours."]
-  elif args.prompts_file:
+  if args.prompts_file:
     prompts = datasets.load_prompt_file(args.prompts_file)[args.skip_prompts:args.skip_prompts + args.num_prompts]
     if not prompts:
       fail(f"no prompts left in {args.prompts_file} after skipping {args.skip_prompts}")
+  elif args.tiny:
+    prompts = ["Hello there!", "What is two plus two?", "Name three colours."]
   else:
     prompts = datasets.sharegpt_training_prompts(args.num_prompts, args.skip_prompts, args.user_turns)
     if not prompts:

@@ -43,13 +43,17 @@ def _jsonl(path: str):
     return [json.loads(line) for line in f if line.strip()]
 
 
+# What a HumanEval prompt (a function stub) is wrapped in; ssd_jax.synthetic's code prompts use the same words.
+CODE_HEADER = "Complete the following Python function.\n\n"
+
+
 def load_prompts(name: str, limit: int | None = None) -> list[str]:
   """Returns the user prompts of a benchmark set, in file order (MT-Bench: the first turn of each question)."""
   if name not in BENCHMARKS:
     raise DataError(f"unknown prompt set {name!r}; choose from {sorted(BENCHMARKS)}")
   path = package_file(*BENCHMARKS[name])
   if name == "humaneval":
-    prompts = ["Complete the following Python function.\n\n" + r["prompt"] for r in _jsonl(path)]
+    prompts = [CODE_HEADER + r["prompt"] for r in _jsonl(path)]
   elif name == "gsm8k":
     prompts = [r["question"] for r in _jsonl(path)]
   elif name == "alpaca":

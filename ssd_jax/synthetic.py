@@ -21,7 +21,7 @@ import os
 import random
 import sysconfig
 
-CODE_HEADER = "Complete the following Python function.\n\n"
+from .datasets import CODE_HEADER  # the HumanEval loader's wrapper, so the code prompts read like its stubs
 _SKIP_PARTS = ("test", "idlelib", "lib2to3", "site-packages", "turtledemo", "__phello__", "ensurepip")
 
 
