@@ -74,6 +74,10 @@ def parse_args(argv=None):
   p.add_argument("--grow-layers", type=int, default=0,
                  help="with --init-from: add N layers to the starting draft that leave its output unchanged at first "
                       "(copies of evenly spread layers with zeroed residual outputs; ssd_jax.train.deepen), then train")
+  p.add_argument("--grow-head", type=int, default=0,
+                 help="with --init-from: add to the starting draft's reduced vocabulary the N tokens outside it most "
+                      "frequent in this run's training targets (rows placed by a least-squares map from the target's "
+                      "embedding; ssd_jax.train.widen_head), then train")
   return p.parse_args(argv)
 
 
@@ -105,6 +109,9 @@ def main(argv=None):
     fail(f"--until must be in [1, --steps = {tc.steps}], got {until}")
   if args.grow_layers < 0 or (args.grow_layers and not args.init_from):
     fail(f"--grow-layers N (N >= 1) deepens the draft given by --init-from; got {args.grow_layers}"
+         + ("" if args.init_from else " without --init-from"))
+  if args.grow_head < 0 or (args.grow_head and not args.init_from):
+    fail(f"--grow-head N (N >= 1) widens the head of the draft given by --init-from; got {args.grow_head}"
          + ("" if args.init_from else " without --init-from"))
   if not 0 <= args.corpus_mix <= 1:
     fail(f"--corpus-mix must be in [0, 1], got {args.corpus_mix}")
@@ -199,6 +206,18 @@ def main(argv=None):
       iparams, cfg = train.deepen(dict(iparams), icfg, args.grow_layers)
       print(f"[train] grown from {icfg.n_layers} to {cfg.n_layers} layers (output unchanged at the start)",
             file=sys.stderr)
+    if args.grow_head:
+      # The tokens to add: by frequency in what this run trains on (ShareGPT windows and target answers alike).
+      v_ids, v_mask = train_ids_for_vocab, train_mask_for_vocab
+      if t_win is not None:
+        v_ids, v_mask = np.concatenate([v_ids, t_win.reshape(-1)]), np.concatenate([v_mask, t_wmask.reshape(-1)])
+      new_ids = train.more_head_vocab(v_ids, v_mask, tcfg.vocab_size, np.asarray(iparams["head_ids"]),
+                                      args.grow_head)
+      if len(new_ids) == 0:
+        fail("--grow-head: every token of the training data is already in the draft's head")
+      head_before = cfg.head_vocab
+      iparams, cfg = train.widen_head(dict(iparams), cfg, tparams, new_ids)
+      print(f"[train] head grown from {head_before} to {cfg.head_vocab} tokens", file=sys.stderr)
     if not resuming:
       extra_path = os.path.join(init_dir, "extra.json")
       if os.path.exists(extra_path):
@@ -330,6 +349,8 @@ def main(argv=None):
           extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
           if args.grow_layers:
             extra["grown"] = f"from {cfg.n_layers - args.grow_layers} to {cfg.n_layers} layers (--grow-layers)"
+          if args.grow_head:
+            extra["grown_head"] = f"from {head_before} to {cfg.head_vocab} tokens (--grow-head)"
           if init_extra is not None:  # the starting draft's own record, so a chain of runs describes itself
             extra["init_extra"] = init_extra
         if agree_t is not None:

@@ -91,12 +91,28 @@ def load_answer_shards(directory: str, heldout_every: int = 25, heldout_offset: 
           cat(parts[True][1], np.uint8))
 
 
+def _token_counts(ids: np.ndarray, mask: np.ndarray, vocab_size: int) -> np.ndarray:
+  """How often each token id is a loss-masked target, ties broken by its overall frequency."""
+  counts = np.bincount(ids[mask.astype(bool)].astype(np.int64), minlength=vocab_size).astype(np.float64)
+  return counts + 1e-3 * np.bincount(ids.astype(np.int64), minlength=vocab_size)
+
+
 def choose_head_vocab(ids: np.ndarray, mask: np.ndarray, vocab_size: int, size: int, always=(0, 1, 2)) -> np.ndarray:
   """Returns the `size` token ids most frequent among loss-masked targets (plus `always`), sorted."""
-  counts = np.bincount(ids[mask.astype(bool)].astype(np.int64), minlength=vocab_size).astype(np.float64)
-  counts += 1e-3 * np.bincount(ids.astype(np.int64), minlength=vocab_size)  # break ties by overall frequency
+  counts = _token_counts(ids, mask, vocab_size)
   counts[list(always)] = np.inf
   return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int32)
+
+
+def more_head_vocab(ids: np.ndarray, mask: np.ndarray, vocab_size: int, head_ids: np.ndarray, n: int) -> np.ndarray:
+  """Returns the `n` token ids outside `head_ids` most frequent among loss-masked targets (those seen first), sorted.
+
+  Fewer when fewer tokens outside the head occur at all: a row for a token the data never shows would not train.
+  """
+  counts = _token_counts(ids, mask, vocab_size)
+  counts[np.asarray(head_ids, np.int64)] = -1.0
+  order = np.argsort(-counts, kind="stable")[:n]
+  return np.sort(order[counts[order] > 0]).astype(np.int32)
 
 
 # ------------------------------------------------------------------------------------------------------------ init
@@ -149,6 +165,38 @@ def deepen(params: dict, cfg: ModelConfig, n_new: int) -> tuple[dict, ModelConfi
       copy["w_down"] = jnp.zeros_like(lp["w_down"])
       grown.append(copy)
   return dict(params, layers=grown), dataclasses.replace(cfg, n_layers=len(grown))
+
+
+def widen_head(params: dict, cfg: ModelConfig, target_params, new_ids: np.ndarray) -> tuple[dict, ModelConfig]:
+  """Returns a draft whose reduced vocabulary also holds `new_ids`, and its config.
+
+  The draft's embedding is tied to its head, so a token outside the head can be neither proposed nor read (it shares
+  row 0 on input). Each new row starts where a least-squares map from the target's embedding to the draft's, fitted
+  on the rows the draft has, puts it: the draft's own geometry, extended to the new tokens by the target's. Logits
+  of the existing rows at positions that read only known tokens are unchanged; the new rows then take some
+  probability, as the tokens they resemble do, until training places them.
+  """
+  if cfg.head_vocab is None or not cfg.tie_embeddings:
+    raise ValueError("widen_head needs a draft with a reduced, tied head (head_vocab)")
+  old_ids = np.asarray(params["head_ids"], np.int64)
+  new_ids = np.asarray(new_ids, np.int64)
+  if len(new_ids) == 0 or len(np.unique(new_ids)) != len(new_ids) or np.isin(new_ids, old_ids).any() or \
+      new_ids.min() < 0 or new_ids.max() >= cfg.vocab_size:
+    raise ValueError(f"new head tokens must be distinct ids in [0, {cfg.vocab_size}) outside the head, "
+                     f"got {len(new_ids)} ids")
+  e_t = np.asarray(target_params["embed"], np.float64)
+  e_d = np.asarray(params["embed"], np.float64)
+  x = np.concatenate([e_t[old_ids], np.ones((len(old_ids), 1))], 1)  # [Vh, d_t + 1]: an affine map
+  w, *_ = np.linalg.lstsq(x, e_d, rcond=None)
+  rows = np.concatenate([e_t[new_ids], np.ones((len(new_ids), 1))], 1) @ w
+  ids = np.concatenate([old_ids, new_ids])
+  order = np.argsort(ids, kind="stable")  # head_ids stay sorted, as choose_head_vocab makes them
+  embed = np.concatenate([e_d, rows])[order]
+  vocab_map = np.zeros((cfg.vocab_size,), np.int32)
+  vocab_map[ids[order]] = np.arange(len(ids), dtype=np.int32)
+  out = dict(params, embed=jnp.asarray(embed, params["embed"].dtype), head_ids=jnp.asarray(ids[order], jnp.int32),
+             vocab_map=jnp.asarray(vocab_map))
+  return out, dataclasses.replace(cfg, head_vocab=len(ids))
 
 
 # ----------------------------------------------------------------------------------------------------------- steps

@@ -178,8 +178,20 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   assert json.loads((tmp_path / "dg" / "extra.json").read_text())["grown"] == "from 1 to 2 layers (--grow-layers)"
   r = run("train_draft.py", *grow, "--steps", "4")
   assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
+  # Widen its head (512 -> 520 tokens) and train on, then resume: the old rows keep their tokens.
+  wide = ["--tiny", "--work-dir", str(tmp_path / "work_h"), "--out", str(tmp_path / "dh"), "--max-conversations", "20",
+          "--target-corpus", "none", "--init-from", str(out), "--grow-head", "8"]
+  r = run("train_draft.py", *wide)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "head grown from 512 to 520 tokens" in r.stderr
+  cfg_h, params_h, _ = checkpoints.load_model(str(tmp_path / "dh"))
+  assert cfg_h.head_vocab == 520 and set(np.asarray(params["head_ids"]).tolist()) < set(
+      np.asarray(params_h["head_ids"]).tolist())
+  assert json.loads((tmp_path / "dh" / "extra.json").read_text())["grown_head"] == "from 512 to 520 tokens (--grow-head)"
+  r = run("train_draft.py", *wide, "--steps", "4")
+  assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
   for bad, msg in ((["--init-from", str(out), "--grow-layers", "2"], "--grow-layers must be in [1, 1]"),
-                   (["--grow-layers", "1"], "without --init-from")):
+                   (["--grow-layers", "1"], "without --init-from"), (["--grow-head", "4"], "without --init-from")):
     r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work_b"), "--out", str(tmp_path / "db"),
             "--max-conversations", "20", "--target-corpus", "none", *bad)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -131,3 +131,50 @@ def test_deepen_keeps_the_output_and_the_new_layers_train():
       assert "can add 1 to 2 layers" in str(e)
     else:
       raise AssertionError(f"deepen accepted n_new={bad}")
+
+
+def test_widen_head_adds_rows_and_keeps_the_known_tokens_logits():
+  tparams, dparams, head_ids, toks, mask = _setup()
+  dparams = dict(dparams, embed=dparams["embed"] + 0.05 * jax.random.normal(jax.random.key(5), dparams["embed"].shape))
+  outside = np.setdiff1d(np.arange(V), head_ids)
+  # The tokens to add go by how often they are targets; ids never seen are not added.
+  ids = np.concatenate([np.repeat(outside[:3], [5, 1, 3]), head_ids[:10]])
+  picked = train.more_head_vocab(ids, np.ones_like(ids), V, head_ids, 2)
+  assert picked.tolist() == sorted([outside[0], outside[2]])
+  assert train.more_head_vocab(ids, np.ones_like(ids), V, head_ids, 10).tolist() == outside[:3].tolist()
+  new_ids = outside[[0, 5, 20]]
+  wide, wcfg = train.widen_head(dparams, DRAFT, tparams, new_ids)
+  model.check_params(wide, wcfg)
+  assert wcfg.head_vocab == DRAFT.head_vocab + 3
+  h = np.asarray(wide["head_ids"])
+  assert (np.diff(h) > 0).all() and set(h.tolist()) == set(head_ids.tolist()) | set(new_ids.tolist())
+  vm = np.asarray(wide["vocab_map"])
+  assert (h[vm[h]] == h).all()  # every head token reads its own row
+  # The known rows are the old ones, moved to their sorted places.
+  np.testing.assert_array_equal(np.asarray(wide["embed"])[vm[head_ids]], np.asarray(dparams["embed"]))
+  # On text of known tokens, the known tokens' logits are unchanged; the new ones get finite logits.
+  known = head_ids[toks % len(head_ids)]
+  ref = np.asarray(model.forward_full(dparams, jnp.asarray(known), DRAFT))
+  got = np.asarray(model.forward_full(wide, jnp.asarray(known), wcfg))
+  np.testing.assert_allclose(got[..., vm[head_ids]], ref, rtol=1e-5, atol=1e-5)
+  assert np.isfinite(got[..., vm[new_ids]]).all()
+  # A new token now reads its own row, not row 0 (which it shared before).
+  text = known.copy()
+  text[:, 3] = new_ids[1]
+  before = np.asarray(model.forward_full(dparams, jnp.asarray(text), DRAFT))
+  after = np.asarray(model.forward_full(wide, jnp.asarray(text), wcfg))[..., vm[head_ids]]
+  assert not np.allclose(before[:, 3:], after[:, 3:], atol=1e-4)
+  np.testing.assert_allclose(after[:, :3], before[:, :3], rtol=1e-5, atol=1e-5)  # causal: earlier positions agree
+  # The new rows follow the target's geometry: an exactly affine draft embedding is extended exactly.
+  a = np.random.default_rng(0).normal(size=(TARGET.d_model, DRAFT.d_model))
+  e_t = np.asarray(tparams["embed"], np.float64)
+  lin = dict(dparams, embed=jnp.asarray(e_t[head_ids] @ a + 0.5, jnp.float32))
+  wide_lin, _ = train.widen_head(lin, DRAFT, tparams, new_ids)
+  np.testing.assert_allclose(np.asarray(wide_lin["embed"])[vm[new_ids]], e_t[new_ids] @ a + 0.5, rtol=1e-4, atol=1e-4)
+  for bad in (head_ids[:1], np.array([outside[0], outside[0]]), np.array([V]), np.array([], np.int64)):
+    try:
+      train.widen_head(dparams, DRAFT, tparams, bad)
+    except ValueError as e:
+      assert "outside the head" in str(e)
+    else:
+      raise AssertionError(f"widen_head accepted {bad}")
