@@ -167,29 +167,30 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   cfg2, params2, _ = checkpoints.load_model(str(out2))
   assert cfg2 == cfg and (np.asarray(params2["head_ids"]) == np.asarray(params["head_ids"])).all()
   assert not np.allclose(np.asarray(params2["embed"]), np.asarray(params["embed"]))  # it trained
-  # Deepen that draft (1 layer -> 2) and train on, then resume the grown run.
-  grow = ["--tiny", "--work-dir", str(tmp_path / "work_g"), "--out", str(tmp_path / "dg"), "--max-conversations", "20",
-          "--target-corpus", "none", "--init-from", str(out), "--grow-layers", "1"]
-  r = run("train_draft.py", *grow)
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert "grown from 1 to 2 layers" in r.stderr
-  cfg_g, params_g, _ = checkpoints.load_model(str(tmp_path / "dg"))
+  # Grow that draft (deeper, then wider) and train on, then resume the grown run.
+  def grown_args(tag, *flags):  # a run from `out` in its own work dir and export
+    return ["--tiny", "--work-dir", str(tmp_path / f"work_{tag}"), "--out", str(tmp_path / f"d{tag}"),
+            "--max-conversations", "20", "--target-corpus", "none", "--init-from", str(out), *flags]
+
+  def grown_run(tag, *flags, says):
+    r = run("train_draft.py", *grown_args(tag, *flags))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert says in r.stderr
+    cfg_x, params_x, _ = checkpoints.load_model(str(tmp_path / f"d{tag}"))
+    extra_x = json.loads((tmp_path / f"d{tag}" / "extra.json").read_text())
+    r = run("train_draft.py", *grown_args(tag, *flags), "--steps", "4")
+    assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
+    return cfg_x, params_x, extra_x
+
+  # Deepen it (1 layer -> 2).
+  cfg_g, params_g, extra_g = grown_run("g", "--grow-layers", "1", says="grown from 1 to 2 layers")
   assert cfg_g.n_layers == 2 and len(params_g["layers"]) == 2
-  assert json.loads((tmp_path / "dg" / "extra.json").read_text())["grown"] == "from 1 to 2 layers (--grow-layers)"
-  r = run("train_draft.py", *grow, "--steps", "4")
-  assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
-  # Widen its head (512 -> 520 tokens) and train on, then resume: the old rows keep their tokens.
-  wide = ["--tiny", "--work-dir", str(tmp_path / "work_h"), "--out", str(tmp_path / "dh"), "--max-conversations", "20",
-          "--target-corpus", "none", "--init-from", str(out), "--grow-head", "8"]
-  r = run("train_draft.py", *wide)
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert "head grown from 512 to 520 tokens" in r.stderr
-  cfg_h, params_h, _ = checkpoints.load_model(str(tmp_path / "dh"))
+  assert extra_g["grown"] == "from 1 to 2 layers (--grow-layers)"
+  # Widen its head (512 -> 520 tokens): the old rows keep their tokens.
+  cfg_h, params_h, extra_h = grown_run("h", "--grow-head", "8", says="head grown from 512 to 520 tokens")
   assert cfg_h.head_vocab == 520 and set(np.asarray(params["head_ids"]).tolist()) < set(
       np.asarray(params_h["head_ids"]).tolist())
-  assert json.loads((tmp_path / "dh" / "extra.json").read_text())["grown_head"] == "from 512 to 520 tokens (--grow-head)"
-  r = run("train_draft.py", *wide, "--steps", "4")
-  assert r.returncode == 0 and "resumed from step 3" in r.stderr, r.stderr[-2000:]
+  assert extra_h["grown_head"] == "from 512 to 520 tokens (--grow-head)"
   for bad, msg in ((["--init-from", str(out), "--grow-layers", "2"], "--grow-layers must be in [1, 1]"),
                    (["--grow-layers", "1"], "without --init-from"), (["--grow-head", "4"], "without --init-from")):
     r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work_b"), "--out", str(tmp_path / "db"),
