@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Write benchmark-shaped synthetic training prompts (code stubs, word problems, instructions) as JSONL.
+"""Write benchmark-shaped synthetic training prompts (code stubs, word problems, instructions, questions,
+writing tasks) as JSONL.
 
   python scripts/make_synthetic_prompts.py --out checkpoints/draft-train-tc/synthetic_prompts.jsonl
   python scripts/make_target_corpus.py --prompts-file checkpoints/draft-train-tc/synthetic_prompts.jsonl --out DIR
@@ -26,17 +27,21 @@ def parse_args(argv=None):
   p.add_argument("--code", type=int, default=400, help="function stubs to complete (at most ~900 exist)")
   p.add_argument("--math", type=int, default=300, help="word problems")
   p.add_argument("--instructions", type=int, default=400, help="instructions")
+  p.add_argument("--questions", type=int, default=0, help="direct questions (\"What is ...?\")")
+  p.add_argument("--writing", type=int, default=0, help="writing and role-play tasks (letters, stories, posts)")
   p.add_argument("--seed", type=int, default=0)
   return p.parse_args(argv)
 
 
 def main(argv=None):
   args = parse_args(argv)
-  if min(args.code, args.math, args.instructions) < 0 or args.code + args.math + args.instructions == 0:
-    fail("--code, --math and --instructions must be >= 0, and not all 0")
+  counts = (args.code, args.math, args.instructions, args.questions, args.writing)
+  if min(counts) < 0 or sum(counts) == 0:
+    fail("--code, --math, --instructions, --questions and --writing must be >= 0, and not all 0")
   from ssd_jax import synthetic
 
-  recs = synthetic.synthetic_prompts(args.code, args.math, args.instructions, args.seed)
+  recs = synthetic.synthetic_prompts(args.code, args.math, args.instructions, args.seed, args.questions,
+                                     args.writing)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as f:
     for r in recs:

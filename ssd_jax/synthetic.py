@@ -2,13 +2,15 @@
 
 A draft learns to predict what the target says, and what the target says depends on what it is asked: ShareGPT's
 first turns are mostly chat, while the benchmark prompts are function stubs to complete, grade-school word problems
-and short instructions. These builders make prompts of those three kinds without touching any benchmark or
+and short instructions. These builders make prompts of those kinds without touching any benchmark or
 held-out set:
 
 - `code_prompts`: public top-level functions of the Python standard library on this machine, cut to their signature
   and docstring, in the same "Complete the following Python function." wrapper the HumanEval loader uses;
 - `math_prompts`: word problems from templates written here, with random names, objects and numbers;
-- `instruction_prompts`: requests from task templates written here crossed with topic lists written here.
+- `instruction_prompts`: requests from task templates written here crossed with topic lists written here;
+- `question_prompts`: direct questions ("What is ...?", "How do I ...?") over subjects written here;
+- `writing_prompts`: letters, posts, stories, speeches and role-play, with places, readers and roles written here.
 
 Everything is seeded and deterministic; the target answers the prompts (`scripts/make_target_corpus.py
 --prompts-file`), and those answers, not the prompts, are what the draft trains on.
@@ -125,10 +127,111 @@ def instruction_prompts(n: int, seed: int = 0) -> list[str]:
   return [task.format(t=topic) for task, topic in pairs[:n]]
 
 
-def synthetic_prompts(n_code: int, n_math: int, n_instruct: int, seed: int = 0) -> list[dict]:
-  """{"prompt", "kind"} records, the three kinds interleaved (so any prefix of the list holds all three)."""
+# Direct questions, the shape of most general-assistant requests ("What ...?", "How do ...?"), over subjects that
+# are not the instruction topics above.
+_QUESTIONS = (
+    "What is {s}?", "How does {s} work?", "Why is {s} important?", "What are some interesting facts about {s}?",
+    "Can you recommend some books or resources to learn about {s}?", "How do I get started with {s}?",
+    "What are the main differences between {s} and {s2}?", "What is the history behind {s}?",
+    "Who are some well-known people associated with {s}?", "What are the most common mistakes beginners make with {s}?",
+    "Is {s} worth it? Why or why not?", "How has {s} changed over the last fifty years?",
+    "What should I know before trying {s}?", "Can you explain the basic rules of {s}?",
+    "What are the benefits of {s} for a small town?", "How can a student use {s} in everyday life?",
+    "What is the best way to explain {s} to a beginner?", "What equipment or tools do I need for {s}?",
+    "What are some good questions to ask an expert on {s}?", "How would the world be different without {s}?",
+    "I am new to {s}. What terms should I learn first?", "Give me a brief overview of {s} and its future.",
+    "My friend says {s} is overrated. How should I respond?", "What are the risks of {s}, and how can they be managed?",
+)
+_SUBJECTS = (
+    "astronomy", "birdwatching", "the metric system", "podcasting", "the Silk Road", "supply chains", "yoga",
+    "opera", "rock climbing", "beekeeping", "solar panels", "the Byzantine Empire", "inflation", "vertical farming",
+    "wind turbines", "sign language", "graphic design", "the Cold War", "electric bicycles", "sourdough baking",
+    "open-source software", "the Nobel Prize", "board games", "volunteering", "deep-sea exploration",
+    "hydroelectric dams", "impressionist painting", "the periodic table", "credit scores", "camping", "film noir",
+    "the Panama Canal", "desalination", "knitting", "the Mayan civilization", "typography", "carbon taxes",
+    "skateboarding", "animal migration", "the Hubble telescope", "ballet", "chemistry sets", "video game design",
+    "public libraries", "microfinance", "the Apollo program", "earthquakes", "cybersecurity", "mushroom foraging",
+    "classical architecture", "ocean tides", "calligraphy", "container shipping", "the Silk Road's spice trade",
+    "weather forecasting", "bonsai trees", "stand-up comedy", "nuclear power", "kite surfing", "the blockchain",
+    "wildlife photography", "the Magna Carta", "water purification", "tea ceremonies", "the Northern Lights",
+    "self-driving cars", "sculpture", "the Ottoman Empire", "pet care", "bird song", "urban planning",
+)
+# Writing and role-play tasks with a setting, a reader or a role to fill: letters, posts, stories, speeches.
+_WRITING = (
+    "Write a travel blog post about a week in {place}, with the sights, the food and one surprise.",
+    "Write a short story that begins: \"The {thing} had been in the attic for years.\"",
+    "Draft a formal email to {person} asking for feedback on a report about {s}.",
+    "Write a persuasive letter to {person} asking them to support a new {thing} program.",
+    "Describe a busy morning at a market in {place}, using sights, sounds and smells.",
+    "Write a product review of a {product} you have used for a month.",
+    "Pretend you are {role}. Describe a typical day at work.",
+    "Pretend you are {role} and answer this: what is the hardest part of your job?",
+    "Write a two-minute speech for {occasion}.",
+    "Write a dialogue between {role} and a curious child about {s}.",
+    "Write a poem about {place} at night.", "Write a cover letter for a job as {role}.",
+    "Write the opening paragraph of a mystery novel set in {place}.",
+    "Write a motivational message for someone starting to learn {s}.",
+    "Compose a thank-you note to {person} for their help with {s}.",
+    "Write a news article announcing the opening of a new {thing} museum in {place}.",
+    "Create a character sketch of {role} who secretly loves {s}.",
+    "Write an advertisement for a {product} aimed at students.",
+    "Write a short biography of a fictional {role} from {place}.",
+    "Write a diary entry of a traveler arriving in {place} for the first time.",
+    "Write an invitation for {occasion}.", "Write a friendly text message inviting {person} to try {s}.",
+    "Rewrite this sentence to sound more professional: \"hey, the {product} is broken again, fix it pls\".",
+    "Write a short fable with a moral, about a {thing} and a river.",
+    "Imagine you are {role} being interviewed on the radio. Answer the question: why does {s} matter?",
+    "Write a comparison of two {product}s for a buyer's guide, with a recommendation.",
+)
+_PLACES = (
+    "Lisbon", "Kyoto", "a small fishing village", "Marrakesh", "Iceland", "a mountain town in Peru", "Vienna",
+    "New Orleans", "the Scottish Highlands", "Hanoi", "a desert oasis", "Cape Town", "Prague", "a floating city",
+    "Buenos Aires", "an island in Greece", "Montreal", "a space station", "Istanbul", "a rainforest lodge",
+    "Seoul", "a medieval castle", "Nairobi", "the Swiss Alps", "Mexico City", "a lighthouse", "Sydney",
+)
+_PEOPLE = ("my supervisor", "a neighbour", "the city council", "my teacher", "a new client", "the school principal",
+           "an old friend", "the team", "my landlord", "a local newspaper editor")
+_ROLES = ("a firefighter", "a marine biologist", "a pastry chef", "a museum guide", "an astronaut", "a detective",
+          "a farmer", "a software engineer", "a librarian", "a zookeeper", "a pilot", "a park ranger", "a nurse",
+          "a street musician", "a historian", "a personal trainer", "a wedding planner", "a news reporter")
+_PRODUCTS = ("smartphone", "coffee maker", "laptop", "pair of running shoes", "electric scooter", "backpack",
+             "noise-cancelling headphones", "smart watch", "camping tent", "robot vacuum", "e-reader", "blender")
+_THINGS = ("clock", "music box", "map", "letter", "violin", "telescope", "painting", "key", "photograph", "robot")
+_OCCASIONS = ("a school graduation", "a company's tenth anniversary", "a friend's wedding", "the opening of a park",
+              "a retirement party", "a charity fundraiser", "the first day of a new team", "a science fair")
+
+
+def question_prompts(n: int, seed: int = 0) -> list[str]:
+  """Direct questions from `_QUESTIONS` x `_SUBJECTS` (a second subject where a template compares two)."""
+  rng = random.Random(seed)
+  pairs = [(q, s) for q in _QUESTIONS for s in _SUBJECTS]
+  rng.shuffle(pairs)
+  return [q.format(s=s, s2=rng.choice([x for x in _SUBJECTS if x != s])) for q, s in pairs[:n]]
+
+
+def writing_prompts(n: int, seed: int = 0) -> list[str]:
+  """Writing and role-play tasks from `_WRITING`, each slot filled at random (distinct prompts)."""
+  rng = random.Random(seed)
+  out, seen = [], set()
+  for i in range(50 * n):  # the templates in turn; one whose fills are used up is passed over
+    if len(out) == n:
+      break
+    fill = dict(place=rng.choice(_PLACES), person=rng.choice(_PEOPLE), role=rng.choice(_ROLES),
+                product=rng.choice(_PRODUCTS), thing=rng.choice(_THINGS), occasion=rng.choice(_OCCASIONS),
+                s=rng.choice(_SUBJECTS + _TOPICS))
+    p = _WRITING[i % len(_WRITING)].format(**fill)
+    if p not in seen:
+      seen.add(p)
+      out.append(p)
+  return out
+
+
+def synthetic_prompts(n_code: int, n_math: int, n_instruct: int, seed: int = 0, n_question: int = 0,
+                      n_writing: int = 0) -> list[dict]:
+  """{"prompt", "kind"} records, the kinds interleaved (so any prefix of the list holds all of them)."""
   kinds = [("code", code_prompts(n_code, seed)), ("math", math_prompts(n_math, seed)),
-           ("instruction", instruction_prompts(n_instruct, seed))]
+           ("instruction", instruction_prompts(n_instruct, seed)), ("question", question_prompts(n_question, seed)),
+           ("writing", writing_prompts(n_writing, seed))]
   out, i = [], 0
   while any(i < len(p) for _, p in kinds):
     out += [{"prompt": p[i], "kind": k} for k, p in kinds if i < len(p)]

@@ -36,13 +36,30 @@ def test_math_and_instruction_prompts_are_filled_and_seeded():
   assert len(set(ins)) == 300 and not any("{" in s for s in ins)
 
 
+def test_question_and_writing_prompts_are_filled_distinct_and_seeded():
+  for build, n in ((synthetic.question_prompts, 700), (synthetic.writing_prompts, 700)):
+    ps = build(n, 0)
+    assert len(ps) == n and len(set(ps)) == n, build.__name__
+    assert not any("{" in p or "}" in p for p in ps)
+    assert ps == build(n, 0) and ps != build(n, 1)
+  # Every writing template is used, not only the first ones (a template whose fills run out is passed over).
+  ws = synthetic.writing_prompts(700, 0)
+  firsts = {t.split("{")[0] for t in synthetic._WRITING}
+  assert all(any(w.startswith(f) for w in ws) for f in firsts)
+  # A comparison names two different subjects.
+  diff = [q for q in synthetic.question_prompts(1000, 3) if q.startswith("What are the main differences between")]
+  assert diff and all(q.split(" between ")[1].split(" and ")[0] != q.split(" and ")[1][:-1] for q in diff)
+
+
 def test_synthetic_prompts_interleave_the_kinds():
   recs = synthetic.synthetic_prompts(2, 3, 1)
   assert [r["kind"] for r in recs] == ["code", "math", "instruction", "code", "math", "math"]
+  recs = synthetic.synthetic_prompts(0, 0, 1, n_question=2, n_writing=1)
+  assert [r["kind"] for r in recs] == ["instruction", "question", "writing", "question"]
 
 
 def test_no_synthetic_prompt_is_a_benchmark_prompt():
-  recs = synthetic.synthetic_prompts(400, 300, 400)
+  recs = synthetic.synthetic_prompts(400, 300, 400, n_question=1000, n_writing=1000)
   ours = {r["prompt"].strip() for r in recs}
   for name in ("humaneval", "gsm8k", "alpaca", "mtbench"):
     theirs = {p.strip() for p in datasets.load_prompts(name)}
