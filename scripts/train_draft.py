@@ -50,6 +50,10 @@ def parse_args(argv=None):
                       "'none': ShareGPT only)")
   p.add_argument("--corpus-mix", type=float, default=0.75,
                  help="fraction of each batch taken from the target-answer corpus when there is one")
+  p.add_argument("--whole-examples", action="store_true",
+                 help="cut the target-answer corpus into windows that each begin at a prompt and hold whole "
+                      "prompt-and-answer examples (padded), instead of every --seq-len tokens of the stream, so "
+                      "every answer is trained reading its whole prompt, as the draft reads it when drafting")
   p.add_argument("--batch-size", type=int, default=None)
   p.add_argument("--seq-len", type=int, default=None)
   p.add_argument("--lr", type=float, default=None)
@@ -91,6 +95,7 @@ def main(argv=None):
 
   from ssd_jax import checkpoints, datasets, train
   from ssd_jax.config import ModelConfig
+  from ssd_jax.tokenizer import IM_START
 
   recipe = TINY_RECIPE if args.tiny else DRAFT_RECIPE
   tc = train.TrainConfig(seed=args.seed)
@@ -155,12 +160,24 @@ def main(argv=None):
   if args.target_corpus != "none" and all(os.path.isdir(c) for c in corpora):
     parts = [train.load_answer_shards(c) for c in corpora]
     t_ids, t_m, h_ids, h_m = (np.concatenate([p[i] for p in parts]) for i in range(4))
-    if len(t_ids) > tc.seq_len:
-      t_win, t_wmask = train.make_windows(t_ids, t_m, tc.seq_len)
-    if len(h_ids) > tc.seq_len:
-      # The first directory's held-out shards come first, so adding a directory leaves this set as it was.
-      tev_tokens, tev_mask = train.make_windows(h_ids, h_m, tc.seq_len)
-      tev_tokens, tev_mask = tev_tokens[:tc.eval_windows * 2], tev_mask[:tc.eval_windows * 2]
+    if args.whole_examples:
+      im_start = tok.tok.token_to_id(IM_START)
+      if t_m.any():
+        t_win, t_wmask = train.pack_examples(t_ids, t_m, tc.seq_len, im_start)
+      # Held out: an equal share of windows from every directory that has held-out shards, so the set that
+      # picks the exported step samples every kind of prompt the corpus holds.
+      held = [train.pack_examples(p[2], p[3], tc.seq_len, im_start) for p in parts if p[3].any()]
+      if held:
+        share = -(-tc.eval_windows * 2 // len(held))
+        tev_tokens = np.concatenate([h[0][:share] for h in held])[:tc.eval_windows * 2]
+        tev_mask = np.concatenate([h[1][:share] for h in held])[:tc.eval_windows * 2]
+    else:
+      if len(t_ids) > tc.seq_len:
+        t_win, t_wmask = train.make_windows(t_ids, t_m, tc.seq_len)
+      if len(h_ids) > tc.seq_len:
+        # The first directory's held-out shards come first, so adding a directory leaves this set as it was.
+        tev_tokens, tev_mask = train.make_windows(h_ids, h_m, tc.seq_len)
+        tev_tokens, tev_mask = tev_tokens[:tc.eval_windows * 2], tev_mask[:tc.eval_windows * 2]
     print(f"[train] target-answer corpus {', '.join(corpora)}: {int(t_m.sum()):,} answer tokens for training, "
           f"{int(h_m.sum()):,} held out", file=sys.stderr)
   elif args.target_corpus not in (None, "none"):
@@ -345,6 +362,9 @@ def main(argv=None):
                  "train_tokens": prior_tokens + done * tokens_per_step, "heldout_agreement": agree_sg,
                  "heldout": f"{n_eval} ShareGPT windows of {tc.seq_len} tokens (not trained on)",
                  "corpus_mix": args.corpus_mix if n_target else 0.0}
+        if n_target:
+          extra["target_windows"] = ("whole prompt-and-answer examples (--whole-examples)" if args.whole_examples
+                                     else f"every {tc.seq_len} tokens of the stream")
         if args.init_from:
           extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
           if args.grow_layers:

@@ -68,6 +68,61 @@ def make_windows(ids: np.ndarray, mask: np.ndarray, seq_len: int):
   return ids[idx].astype(np.int32), mask[idx].astype(np.float32)
 
 
+def example_starts(ids: np.ndarray, mask: np.ndarray, start_id: int) -> np.ndarray:
+  """Returns where each prompt-and-answer example of a target-answer stream begins.
+
+  An example is a prompt (mask 0) then its answer (mask 1); the next one begins at the first `start_id` (the chat
+  template's `<|im_start|>`) after an answer. The stream's first token always begins one.
+  """
+  ids, mask = np.asarray(ids), np.asarray(mask)
+  answered = np.concatenate([[0], np.cumsum(mask.astype(np.int64))])  # answer tokens before each index
+  starts = [0]
+  for i in np.flatnonzero(ids == start_id):
+    if i > starts[-1] and answered[i] > answered[starts[-1]]:
+      starts.append(int(i))
+  return np.asarray(starts, np.int64)
+
+
+def pack_examples(ids: np.ndarray, mask: np.ndarray, seq_len: int, start_id: int, pad_id: int = 0):
+  """Packs whole examples into windows of seq_len + 1 tokens: returns (tokens [W, T+1], mask [W, T+1]).
+
+  `make_windows` cuts the stream every seq_len tokens, so most answers are trained without the start of their prompt
+  (62% of the answer tokens of the first synthetic corpus at 256), while the draft always reads the whole prompt
+  when it drafts. Here every window begins at an example's start and holds whole examples; the rest is padding with
+  mask 0. Examples go longest first into the first window with room (first-fit decreasing: about 95% of the tokens
+  are real ones on the target-answer corpora at 512, where packing in corpus order keeps about 75%). An example
+  longer than a window is cut into window-sized pieces.
+  """
+  starts = example_starts(ids, mask, start_id)
+  bounds = np.append(starts, len(ids))
+  w = seq_len + 1
+  pieces = [(lo, min(b, lo + w)) for a, b in zip(bounds[:-1], bounds[1:]) for lo in range(a, b, w)]
+  if not pieces:
+    raise ValueError("no examples to pack")
+  order = sorted(range(len(pieces)), key=lambda i: (-(pieces[i][1] - pieces[i][0]), i))
+  room = np.zeros((0,), np.int64)
+  bins: list[list[int]] = []
+  for i in order:
+    n = pieces[i][1] - pieces[i][0]
+    fits = np.flatnonzero(room >= n)
+    if len(fits):
+      room[fits[0]] -= n
+      bins[fits[0]].append(i)
+    else:
+      room = np.append(room, w - n)
+      bins.append([i])
+  tokens = np.full((len(bins), w), pad_id, np.int32)
+  out_mask = np.zeros((len(bins), w), np.float32)
+  for r, members in enumerate(bins):
+    at = 0
+    for i in sorted(members):  # corpus order inside a window
+      lo, hi = pieces[i]
+      tokens[r, at:at + hi - lo] = ids[lo:hi]
+      out_mask[r, at:at + hi - lo] = mask[lo:hi]
+      at += hi - lo
+  return tokens, out_mask
+
+
 def load_answer_shards(directory: str, heldout_every: int = 25, heldout_offset: int = 7):
   """Returns (train_ids, train_mask, heldout_ids, heldout_mask) from `scripts/make_target_corpus.py` shards.
 

@@ -207,6 +207,12 @@ def test_target_corpus_then_training_and_resume(tmp_path):
           "--max-conversations", "20", "--target-corpus", both, "--steps", "1")
   assert r.returncode == 0, r.stderr[-2000:]
   assert f": {2 * n_one:,} answer tokens for training" in r.stderr, r.stderr[-2000:]
+  assert json.loads((tmp_path / "d4" / "extra.json").read_text())["target_windows"] == "every 32 tokens of the stream"
+  # --whole-examples: windows of whole prompt-and-answer examples; the export says so.
+  r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work7"), "--out", str(tmp_path / "d7"),
+          "--max-conversations", "20", "--target-corpus", both, "--corpus-mix", "1", "--whole-examples", "--steps", "1")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "whole prompt-and-answer" in json.loads((tmp_path / "d7" / "extra.json").read_text())["target_windows"]
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
           f"{work / 'target_answers'},{tmp_path / 'missing'}")
   assert r.returncode == 2 and f"no target-answer corpus at {tmp_path / 'missing'} " in r.stderr

@@ -178,3 +178,56 @@ def test_widen_head_adds_rows_and_keeps_the_known_tokens_logits():
       assert "outside the head" in str(e)
     else:
       raise AssertionError(f"widen_head accepted {bad}")
+
+
+def _answer_stream(rng, n_examples, start_id=1):
+  """A target-answer stream as make_target_corpus writes it: per example [start, prompt..] (mask 0), its answer
+  (mask 1), then one trailing mask-0 token; returns (ids, mask, the examples as (ids, mask) pairs)."""
+  examples = []
+  for _ in range(n_examples):
+    prompt = [start_id] + rng.integers(3, V, rng.integers(2, 9)).tolist()
+    answer = rng.integers(3, V, rng.integers(1, 15)).tolist()
+    # A start token inside a prompt (the template's later turns) must not begin a new example.
+    prompt += [start_id, 5]
+    examples.append((np.asarray(prompt + answer + [7]), np.asarray([0] * len(prompt) + [1] * len(answer) + [0])))
+  return (np.concatenate([e[0] for e in examples]).astype(np.uint16),
+          np.concatenate([e[1] for e in examples]).astype(np.uint8), examples)
+
+
+def test_example_starts_finds_each_prompt_once():
+  ids, mask, examples = _answer_stream(np.random.default_rng(0), 12)
+  lens = [len(e[0]) for e in examples]
+  assert train.example_starts(ids, mask, 1).tolist() == np.concatenate([[0], np.cumsum(lens)[:-1]]).tolist()
+
+
+def test_pack_examples_keeps_every_example_whole_and_starts_windows_at_a_prompt():
+  ids, mask, examples = _answer_stream(np.random.default_rng(1), 40)
+  seq = 31
+  toks, wmask = train.pack_examples(ids, mask, seq, start_id=1)
+  assert toks.shape[1] == seq + 1 and wmask.shape == toks.shape
+  assert (toks[:, 0] == 1).all()  # every window begins at an example's first token
+  assert int(wmask.sum()) == int(mask.sum())  # every answer token once, none invented
+  assert len(toks) < len(ids) / (seq + 1) * 1.3  # packed, not one example a window
+  # Each example (short enough) sits whole and contiguous in exactly one window, its mask with it.
+  found = 0
+  for e_ids, e_mask in examples:
+    if len(e_ids) > seq + 1:
+      continue
+    hits = [(r, j) for r in range(len(toks)) for j in range(seq + 2 - len(e_ids))
+            if (toks[r, j:j + len(e_ids)] == e_ids).all() and (wmask[r, j:j + len(e_ids)] == e_mask).all()]
+    assert hits, e_ids
+    found += 1
+  assert found > 30
+  # The stream cut every seq tokens leaves most answers without their prompt's start; packing leaves none.
+  starts = train.example_starts(ids, mask, 1)
+  owner = np.searchsorted(starts, np.arange(len(ids)), side="right") - 1
+  cut = (starts[owner] < (np.arange(len(ids)) // seq) * seq) & mask.astype(bool)
+  assert cut.sum() > 0.2 * mask.sum()
+
+
+def test_pack_examples_cuts_an_example_longer_than_a_window():
+  ids = np.asarray([1, 4, 5] + list(range(10, 30)) + [7], np.uint16)
+  mask = np.asarray([0, 0, 0] + [1] * 20 + [0], np.uint8)
+  toks, wmask = train.pack_examples(ids, mask, 9, start_id=1)
+  assert int(wmask.sum()) == 20 and toks[0, 0] == 1
+  assert sorted(toks[wmask.astype(bool)].tolist()) == list(range(10, 30))
