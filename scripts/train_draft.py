@@ -183,6 +183,8 @@ def main(argv=None):
   elif args.target_corpus not in (None, "none"):
     missing = [c for c in corpora if not os.path.isdir(c)]  # not empty: the branch above takes all-present
     fail(f"no target-answer corpus at {', '.join(missing)} (make one with scripts/make_target_corpus.py)")
+  if args.whole_examples and t_win is None:
+    fail("--whole-examples packs the target-answer corpus into windows, and there is none (--target-corpus)")
   n_target = int(round(args.corpus_mix * tc.batch_size)) if t_win is not None else 0
   train_ids_for_vocab = windows[train_idx].reshape(-1)
   train_mask_for_vocab = wmask[train_idx].reshape(-1)

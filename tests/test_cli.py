@@ -234,7 +234,9 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   r = run("train_draft.py", *shared, "--steps", "1")
   assert r.returncode == 0 and "teacher cache:" not in r.stderr and str(tmp_path / "work5") in r.stderr
   for bad, msg in ((["--corpus-mix", "0.5"], "--corpus-mix 1"), (["--teacher-top-k", "513"], "[1, 512]"),
-                   (["--target-corpus", "none"], "there is none")):
+                   (["--target-corpus", "none"], "there is none"),
+                   (["--target-corpus", "none", "--distill-weight", "0", "--teacher-top-k", "0", "--whole-examples"],
+                    "--whole-examples packs the target-answer corpus")):
     r = run("train_draft.py", *cached, "--fresh", *bad)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
