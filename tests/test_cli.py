@@ -100,8 +100,6 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
 
 def test_target_corpus_from_a_prompt_file(tmp_path):
   """make_target_corpus.py --prompts-file answers those prompts (here the synthetic ones), in order of length."""
-  import numpy as np
-
   from ssd_jax import api, train
   prompts = tmp_path / "p.jsonl"
   r = run("make_synthetic_prompts.py", "--out", str(prompts), "--code", "1", "--math", "1", "--instructions", "2")
