@@ -82,6 +82,10 @@ def parse_args(argv=None):
                  help="with --init-from: add to the starting draft's reduced vocabulary the N tokens outside it most "
                       "frequent in this run's training targets (rows placed by a least-squares map from the target's "
                       "embedding; ssd_jax.train.widen_head), then train")
+  p.add_argument("--grow-width", type=int, default=0, metavar="D_MODEL",
+                 help="with --init-from: widen the starting draft to D_MODEL (more heads, KV heads and FFN units in "
+                      "the same ratios) so that its output is unchanged at first (new parts write zeros to the "
+                      "residual stream; ssd_jax.train.widen), then train")
   return p.parse_args(argv)
 
 
@@ -117,6 +121,9 @@ def main(argv=None):
          + ("" if args.init_from else " without --init-from"))
   if args.grow_head < 0 or (args.grow_head and not args.init_from):
     fail(f"--grow-head N (N >= 1) widens the head of the draft given by --init-from; got {args.grow_head}"
+         + ("" if args.init_from else " without --init-from"))
+  if args.grow_width < 0 or (args.grow_width and not args.init_from):
+    fail(f"--grow-width D_MODEL widens the draft given by --init-from; got {args.grow_width}"
          + ("" if args.init_from else " without --init-from"))
   if not 0 <= args.corpus_mix <= 1:
     fail(f"--corpus-mix must be in [0, 1], got {args.corpus_mix}")
@@ -225,6 +232,14 @@ def main(argv=None):
       iparams, cfg = train.deepen(dict(iparams), icfg, args.grow_layers)
       print(f"[train] grown from {icfg.n_layers} to {cfg.n_layers} layers (output unchanged at the start)",
             file=sys.stderr)
+    if args.grow_width:
+      width_before = cfg.d_model
+      try:
+        iparams, cfg = train.widen(dict(iparams), cfg, args.grow_width, jax.random.key(tc.seed + 1))
+      except ValueError as e:
+        fail(f"--grow-width: {e}")
+      print(f"[train] widened from d_model {width_before} to {cfg.d_model} ({cfg.n_heads} heads, {cfg.n_kv_heads} "
+            f"KV heads, FFN {cfg.ffn_dim}; output unchanged at the start)", file=sys.stderr)
     if args.grow_head:
       # The tokens to add: by frequency in what this run trains on (ShareGPT windows and target answers alike).
       v_ids, v_mask = train_ids_for_vocab, train_mask_for_vocab
@@ -371,6 +386,8 @@ def main(argv=None):
           extra.update(init_from=os.path.basename(os.path.abspath(args.init_from)), init_train_tokens=prior_tokens)
           if args.grow_layers:
             extra["grown"] = f"from {cfg.n_layers - args.grow_layers} to {cfg.n_layers} layers (--grow-layers)"
+          if args.grow_width:
+            extra["grown_width"] = f"from d_model {width_before} to {cfg.d_model} (--grow-width)"
           if args.grow_head:
             extra["grown_head"] = f"from {head_before} to {cfg.head_vocab} tokens (--grow-head)"
           if init_extra is not None:  # the starting draft's own record, so a chain of runs describes itself

@@ -222,6 +222,64 @@ def deepen(params: dict, cfg: ModelConfig, n_new: int) -> tuple[dict, ModelConfi
   return dict(params, layers=grown), dataclasses.replace(cfg, n_layers=len(grown))
 
 
+def widen(params: dict, cfg: ModelConfig, d_model: int, key, scale: float = 0.02) -> tuple[dict, ModelConfig]:
+  """Returns a draft `d_model` wide that computes what `params` computes (to float rounding), and its config.
+
+  The head dimension and the ratios n_heads : n_kv_heads : d_model : ffn_dim are kept, so the new width brings new
+  attention heads (appended after the old ones, whose query-to-KV grouping is unchanged), new KV heads and new FFN
+  units. Everything that writes to the residual stream (the embedding's new columns, `wo` and `w_down`'s new rows
+  and columns) starts at zero, so the new residual dimensions stay zero; everything that only reads them (new input
+  rows of `wq`/`wk`/`wv`/`w_gate`/`w_up`, the new heads' and units' columns) starts small and random, so gradients
+  reach the new parts at once. Zero dimensions lower a norm's mean square by d / d_model: the norms' old weights are
+  scaled by sqrt(d / d_model) and their epsilon by d / d_model, which undoes it exactly.
+  """
+  d, H, G, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
+  rep = H // G
+  if d_model <= d or (H * d_model) % (d * rep) or (F * d_model) % d:
+    raise ValueError(f"the new width must exceed {d} and give whole numbers of query heads ({H} x d_model / {d}, a "
+                     f"multiple of the {rep} per KV head) and FFN units ({F} x d_model / {d}); got {d_model}")
+  if cfg.attn_bias or not cfg.tie_embeddings:
+    raise ValueError("widen handles tied drafts without attention biases")
+  H2 = H * d_model // d
+  G2 = H2 // rep
+  F2 = F * d_model // d
+  s = float(np.sqrt(d / d_model))
+  keys = iter(jax.random.split(key, 8 * len(params["layers"]) + 1))
+
+  def grow(w, shape, rand_rows: bool, rand_cols: bool):
+    """w placed top-left in `shape`; the new rows / columns random (reading new inputs / making new outputs) or 0."""
+    w = np.asarray(w, np.float32)
+    out = np.zeros(shape, np.float32)
+    r = np.asarray(jax.random.normal(next(keys), shape, jnp.float32)) * scale
+    if rand_rows:
+      out[w.shape[0]:, :] = r[w.shape[0]:, :]
+    if rand_cols:
+      out[:, w.shape[1]:] = r[:, w.shape[1]:]
+    out[: w.shape[0], : w.shape[1]] = w
+    return jnp.asarray(out)
+
+  def norm(w):
+    w = np.asarray(w, np.float32) * s
+    return jnp.asarray(np.concatenate([w, np.full((d_model - d,), w.mean(), np.float32)]))
+
+  layers = []
+  for lp in params["layers"]:
+    layers.append({
+        "attn_norm": norm(lp["attn_norm"]), "mlp_norm": norm(lp["mlp_norm"]),
+        "wq": grow(lp["wq"], (d_model, H2 * D), True, True),
+        "wk": grow(lp["wk"], (d_model, G2 * D), True, True),
+        "wv": grow(lp["wv"], (d_model, G2 * D), True, True),
+        "wo": grow(lp["wo"], (H2 * D, d_model), False, False),
+        "w_gate": grow(lp["w_gate"], (d_model, F2), True, True),
+        "w_up": grow(lp["w_up"], (d_model, F2), True, True),
+        "w_down": grow(lp["w_down"], (F2, d_model), False, False)})
+  embed = np.asarray(params["embed"], np.float32)
+  embed = np.concatenate([embed, np.zeros((embed.shape[0], d_model - d), np.float32)], 1)
+  out = dict(params, layers=layers, embed=jnp.asarray(embed), final_norm=norm(params["final_norm"]))
+  return out, dataclasses.replace(cfg, d_model=d_model, n_heads=H2, n_kv_heads=G2, ffn_dim=F2,
+                                 rms_eps=cfg.rms_eps * d / d_model)
+
+
 def widen_head(params: dict, cfg: ModelConfig, target_params, new_ids: np.ndarray) -> tuple[dict, ModelConfig]:
   """Returns a draft whose reduced vocabulary also holds `new_ids`, and its config.
 

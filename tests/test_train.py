@@ -133,6 +133,43 @@ def test_deepen_keeps_the_output_and_the_new_layers_train():
       raise AssertionError(f"deepen accepted n_new={bad}")
 
 
+def test_widen_keeps_the_output_and_the_new_parts_train():
+  cfg2 = ModelConfig(**{**DRAFT.__dict__, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2})  # 2 query heads per KV head
+  _, _, head_ids, toks, mask = _setup()
+  tparams = model.init_params(jax.random.key(1), TARGET, scale=0.3)
+  params = train.init_draft_from_target(jax.random.key(3), cfg2, TARGET, tparams, head_ids)
+  params = jax.tree.map(lambda v: v + 0.05 * jax.random.normal(jax.random.key(7), v.shape)
+                        if v.dtype == jnp.float32 else v, params)  # a "trained" draft: uneven norms, no zero blocks
+  ref = np.asarray(model.forward_full(params, jnp.asarray(toks), cfg2))
+  wide, wcfg = train.widen(params, cfg2, 32, jax.random.key(4))
+  model.check_params(wide, wcfg)
+  assert (wcfg.d_model, wcfg.n_heads, wcfg.n_kv_heads, wcfg.ffn_dim) == (32, 8, 4, 64)
+  np.testing.assert_allclose(np.asarray(model.forward_full(wide, jnp.asarray(toks), wcfg)), ref, rtol=1e-5, atol=1e-5)
+  # The old weights sit where they were; what writes to the new residual dimensions is zero, what reads them is not.
+  lp0, lp1 = params["layers"][0], wide["layers"][0]
+  np.testing.assert_array_equal(np.asarray(lp1["wq"])[:16, :32], np.asarray(lp0["wq"]))
+  assert not np.asarray(lp1["wo"])[32:].any() and not np.asarray(lp1["wo"])[:, 16:].any()
+  assert not np.asarray(lp1["w_down"])[:, 16:].any() and not np.asarray(wide["embed"])[:, 16:].any()
+  assert np.asarray(lp1["wq"])[16:].any() and np.asarray(lp1["w_up"])[:, 32:].any()
+  # Training moves the zero blocks, and the output with them (the schedule's first step has lr 0).
+  tc = train.TrainConfig(lr=1e-2, warmup=1, steps=5)
+  opt = train.make_optimizer(tc)
+  step = train.make_train_step(wcfg, opt)
+  new = jax.tree.map(lambda x: jnp.array(x, copy=True), wide)
+  state = train.init_opt_state(opt, new)
+  for _ in range(2):
+    new, state, _ = step(new, state, {"tokens": jnp.asarray(toks), "mask": jnp.asarray(mask)}, None)
+  assert np.asarray(new["layers"][0]["wo"])[32:].any() and np.asarray(new["embed"])[:, 16:].any()
+  assert not np.allclose(np.asarray(model.forward_full(new, jnp.asarray(toks), wcfg)), ref)
+  for bad in (16, 8, 20):  # not wider; 20 would need 5 query heads, not a multiple of the 2 per KV head
+    try:
+      train.widen(params, cfg2, bad, jax.random.key(0))
+    except ValueError as e:
+      assert "the new width must exceed 16 and give whole numbers" in str(e)
+    else:
+      raise AssertionError(f"widen accepted d_model={bad}")
+
+
 def test_widen_head_adds_rows_and_keeps_the_known_tokens_logits():
   tparams, dparams, head_ids, toks, mask = _setup()
   dparams = dict(dparams, embed=dparams["embed"] + 0.05 * jax.random.normal(jax.random.key(5), dparams["embed"].shape))
