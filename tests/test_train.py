@@ -97,6 +97,17 @@ def test_cache_resumes_by_chunk_and_is_keyed_by_its_inputs(tmp_path):
   _assert_live_teacher(tparams, head_ids, more[6:], g_rows[6:], g_probs[6:])
 
 
+def _train_two_steps(params, cfg: ModelConfig, toks, mask):
+  """Returns `params` after two hard-label steps (lr 1e-2 after a one-step warmup whose first step has lr 0)."""
+  opt = train.make_optimizer(train.TrainConfig(lr=1e-2, warmup=1, steps=5))
+  step = train.make_train_step(cfg, opt)
+  new = jax.tree.map(lambda x: jnp.array(x, copy=True), params)  # the step donates its inputs
+  state = train.init_opt_state(opt, new)
+  for _ in range(2):
+    new, state, _ = step(new, state, {"tokens": jnp.asarray(toks), "mask": jnp.asarray(mask)}, None)
+  return new
+
+
 def test_deepen_keeps_the_output_and_the_new_layers_train():
   cfg2 = ModelConfig(**{**DRAFT.__dict__, "n_layers": 2})
   _, _, head_ids, toks, mask = _setup()
@@ -115,13 +126,7 @@ def test_deepen_keeps_the_output_and_the_new_layers_train():
     for i in new_at:  # the copy's inputs are its predecessor's, not random
       np.testing.assert_array_equal(np.asarray(grown["layers"][i]["wq"]), np.asarray(grown["layers"][i - 1]["wq"]))
   # Training moves the zeroed outputs, and the grown draft's output with them (the schedule's first step has lr 0).
-  tc = train.TrainConfig(lr=1e-2, warmup=1, steps=5)
-  opt = train.make_optimizer(tc)
-  step = train.make_train_step(gcfg, opt)
-  new = jax.tree.map(lambda x: jnp.array(x, copy=True), grown)
-  state = train.init_opt_state(opt, new)
-  for _ in range(2):
-    new, state, _ = step(new, state, {"tokens": jnp.asarray(toks), "mask": jnp.asarray(mask)}, None)
+  new = _train_two_steps(grown, gcfg, toks, mask)
   assert all(np.asarray(new["layers"][i]["wo"]).any() for i in new_at)
   assert not np.allclose(np.asarray(model.forward_full(new, jnp.asarray(toks), gcfg)), ref)
   for bad in (0, 3):
@@ -152,13 +157,7 @@ def test_widen_keeps_the_output_and_the_new_parts_train():
   assert not np.asarray(lp1["w_down"])[:, 16:].any() and not np.asarray(wide["embed"])[:, 16:].any()
   assert np.asarray(lp1["wq"])[16:].any() and np.asarray(lp1["w_up"])[:, 32:].any()
   # Training moves the zero blocks, and the output with them (the schedule's first step has lr 0).
-  tc = train.TrainConfig(lr=1e-2, warmup=1, steps=5)
-  opt = train.make_optimizer(tc)
-  step = train.make_train_step(wcfg, opt)
-  new = jax.tree.map(lambda x: jnp.array(x, copy=True), wide)
-  state = train.init_opt_state(opt, new)
-  for _ in range(2):
-    new, state, _ = step(new, state, {"tokens": jnp.asarray(toks), "mask": jnp.asarray(mask)}, None)
+  new = _train_two_steps(wide, wcfg, toks, mask)
   assert np.asarray(new["layers"][0]["wo"])[32:].any() and np.asarray(new["embed"])[:, 16:].any()
   assert not np.allclose(np.asarray(model.forward_full(new, jnp.asarray(toks), wcfg)), ref)
   for bad in (16, 8, 20):  # not wider; 20 would need 5 query heads, not a multiple of the 2 per KV head
