@@ -159,6 +159,13 @@ def environment(pipe) -> dict:
           "draft": None if pipe.draft is None else {"name": pipe.draft.cfg.name, "path": pipe.draft.path}}
 
 
+def spec_options(o: dict):
+  """Returns a variant's SpecOptions (raises ValueError on bad settings)."""
+  from ssd_jax.decode import SpecOptions
+  return SpecOptions(k=o["k"], fan_out=o["fan_out"], fan_out_miss=o["fan_out_miss"], backup=o["backup"],
+                     saguaro_c=o["saguaro_c"], placement=o["ssd_placement"])
+
+
 class Runner:
   """Decodes one batch of token-id prompts with one variant, ours or the peer's; returns rows and compile time."""
 
@@ -167,7 +174,7 @@ class Runner:
 
   def __call__(self, variant, ids):
     if self.args.baseline_cores == "target" and variant.mode != "ssd":
-      from ssd_jax.decode.ssd_split import set_process_affinity, split_cores
+      from ssd_jax.decode.draft_process import set_process_affinity, split_cores
       saved = os.sched_getaffinity(0)
       set_process_affinity(split_cores()[0])
       try:
@@ -185,14 +192,10 @@ class Runner:
                                          k=o["k"])
         rows.append({"token_ids": toks, "stats": stats})
       return rows, 0.0
-    from ssd_jax.fan_out import parse_fan_out
-    fan_out = parse_fan_out(o["fan_out"], o["k"])
-    fan_out_miss = parse_fan_out(o["fan_out_miss"], o["k"]) if o["fan_out_miss"] else None
-    self.pipe.ssd_placement = o["ssd_placement"]
-    dec = self.pipe.decoder(variant.mode, o["k"], fan_out, fan_out_miss, o["backup"], o["saguaro_c"])
+    spec = spec_options(o)
+    dec = self.pipe.decoder(variant.mode, spec)
     before = dec.programs.compile_seconds
-    res = self.pipe.generate_ids(ids, mode=variant.mode, batch_size=len(ids), k=o["k"], fan_out=fan_out,
-                                 fan_out_miss=fan_out_miss, backup=o["backup"], saguaro_c=o["saguaro_c"],
+    res = self.pipe.generate_ids(ids, mode=variant.mode, batch_size=len(ids), spec=spec,
                                  max_new_tokens=self.args.max_new_tokens, temperature=o["temperature"],
                                  seed=self.args.seed, ignore_eos=True)
     return [{"token_ids": r.token_ids, "stats": r.stats.to_dict()} for r in res], dec.programs.compile_seconds - before
@@ -233,15 +236,19 @@ def main(argv=None):
   modes = check_args(args)
   split_cpu(max(2, args.target_devices + args.draft_devices))  # before JAX is imported
   from ssd_jax import api, benchmark
-  from ssd_jax.fan_out import parse_fan_out
   from ssd_jax.kernels import masked_attention
 
   impls = getattr(masked_attention, "IMPLS", ("ref",))
   if args.attention not in impls:
     fail(f"unknown --attention {args.attention!r}; choose from {', '.join(impls)}")
-  parse_fan_out(args.fan_out, args.k)  # bad fan-out specs fail here, before loading
-  if args.fan_out_miss:
-    parse_fan_out(args.fan_out_miss, args.k)
+  all_modes = modes + (["hf-ar", "hf-sd"] if args.peer == "hf" else [])
+  base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
+          "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
+          "ssd_placement": args.ssd_placement}
+  values = args.sweep_values.split(",") if args.sweep_values else None
+  variants = benchmark.make_variants(all_modes, base, args.sweep, values)
+  for v in variants:  # each variant's own settings (fan-out against its K, ...) must be right before anything runs
+    spec_options(v.opts)
 
   if args.verify_cost:
     pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)
@@ -265,14 +272,6 @@ def main(argv=None):
                     target_devices=args.target_devices, draft_devices=args.draft_devices)
   if spec and pipe.draft is None:
     fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
-  all_modes = modes + (["hf-ar", "hf-sd"] if args.peer == "hf" else [])
-  base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
-          "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
-          "ssd_placement": args.ssd_placement}
-  values = args.sweep_values.split(",") if args.sweep_values else None
-  variants = benchmark.make_variants(all_modes, base, args.sweep, values)
-  for v in variants:  # each variant's own fan-out/K must agree before anything runs
-    parse_fan_out(v.opts["fan_out"], v.opts["k"])
 
   work = tempfile.mkdtemp(prefix="ssd-bench-") if not args.out_dir else args.out_dir
   os.makedirs(work, exist_ok=True)

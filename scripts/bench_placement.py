@@ -109,15 +109,14 @@ def run_config(mode: str, tp_n: int, pair, args) -> dict:
   """Returns the median decode cost of `mode` with the target over `tp_n` devices (and, for SSD, bytes/round)."""
   import numpy as np
 
-  from ssd_jax.decode import ARDecoder, DecodeOptions
-  from ssd_jax.decode.ssd import SSDDecoder
+  from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 
   tcfg, tparams, dcfg, dparams, prompts = pair
   pl = counting_placement(tp_n)
   if mode == "ar":
     dec = ARDecoder(tcfg, tparams, placement=pl)
   else:
-    dec = SSDDecoder(tcfg, tparams, dcfg, dparams, k=args.k, fan_out=args.fan_out, placement=pl)
+    dec = SSDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=args.k, fan_out=args.fan_out), placement=pl)
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, ignore_eos=True)
   ms, tokens, moved, rounds = [], None, {}, 0
   for rep in range(args.repeats + 1):  # run 0 compiles and warms up

@@ -7,7 +7,7 @@ Runs SSD on ShareGPT prompts that draft training leaves out (datasets.sharegpt_c
 benchmark or held-out sets), records for every round the acceptance length and the rank of the realised bonus token
 under the draft, fits miss(F) = c F^-r over F = 1..32, and writes
 {temperature: {a_p, r, c, rounds}} into the draft's directory (fan_out_calibration.json), where
-`scripts/decode.py --fan-out-strategy geometric` reads it.
+`scripts/decode.py --fan-out-strategy geometric` (and the API's fan_out_strategy='geometric') reads it.
 """
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ from ssd_jax.cli_util import fail, run_main, split_cpu
 
 split_cpu(2)  # SSD puts the draft on its own device
 
-
-CALIBRATION_FILE = "fan_out_calibration.json"
 
 
 def parse_args(argv=None):
@@ -40,9 +38,8 @@ def main(argv=None):
   if args.num_prompts < 1 or args.max_new_tokens < 2:
     fail("--num-prompts must be >= 1 and --max-new-tokens >= 2")
   from ssd_jax import api, checkpoints, datasets
-  from ssd_jax.decode import DecodeOptions
-  from ssd_jax.decode.ssd import SSDDecoder
-  from ssd_jax.fan_out import fit_power_law
+  from ssd_jax.decode import DecodeOptions, SpecOptions, SSDDecoder
+  from ssd_jax.fan_out import CALIBRATION_FILE, fit_power_law
 
   pipe = api.load(draft=args.draft)
   if pipe.draft is None:
@@ -51,8 +48,8 @@ def main(argv=None):
     prompts = [p[:2000] for p in datasets.sharegpt_calibration_prompts(args.num_prompts)]
   except ValueError as e:
     fail(str(e))
-  dec = SSDDecoder(pipe.target.cfg, pipe.target.params, pipe.draft.cfg, pipe.draft.params, k=args.k, fan_out=1,
-                   record_ranks=True)
+  dec = SSDDecoder(pipe.target.cfg, pipe.target.params, pipe.draft.cfg, pipe.draft.params,
+                   SpecOptions(k=args.k, fan_out=1), record_ranks=True)
   ids = [pipe.encode_prompt(p) for p in prompts]
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        eos_id=pipe.tokenizer.eos_id)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 
@@ -98,9 +97,10 @@ def main(argv=None):
     fail("--temperature must be >= 0 and --top-p in (0, 1]")
   if not 0 < args.saguaro_c <= 1:
     fail(f"--saguaro-c must be in (0, 1], got {args.saguaro_c}")
-  from ssd_jax.fan_out import parse_fan_out
-  fan_out = parse_fan_out(args.fan_out, args.k)
-  fan_out_miss = parse_fan_out(args.fan_out_miss, args.k) if args.fan_out_miss else None
+  from ssd_jax.decode import SpecOptions
+  spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
+                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c,
+                     placement=args.ssd_placement)  # bad settings: ValueError, one line
   prompts = read_prompts(args)
   if args.stream and len(prompts) != 1:
     fail("--stream needs exactly one prompt")
@@ -112,24 +112,10 @@ def main(argv=None):
     args.mode = pipe.default_mode
   if args.mode in ("sd", "ssd") and pipe.draft is None:
     fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
-  if args.fan_out_strategy == "geometric":
-    from ssd_jax.fan_out import calibrated_geometric
-    if len(set(fan_out)) != 1:
-      fail("--fan-out-strategy geometric takes a single --fan-out F (the budget is F*(K+1))")
-    fan_out = calibrated_geometric(os.path.join(pipe.draft.path, "fan_out_calibration.json"), args.k,
-                                   sum(fan_out), args.temperature)
-  ctx = pipe.target.cfg.max_seq_len
-  for i, p in enumerate(prompts):
-    n = len(pipe.encode_prompt(p, chat=not args.raw))
-    if n + args.max_new_tokens > ctx:
-      fail(f"prompt {i + 1} has {n} tokens; with --max-new-tokens {args.max_new_tokens} it exceeds the context of "
-           f"{ctx} tokens")
-
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
-                       chat=not args.raw, stream=stream, k=args.k, fan_out=fan_out,
-                       fan_out_miss=fan_out_miss, backup=args.backup, saguaro_c=args.saguaro_c)
+                       chat=not args.raw, stream=stream, spec=spec)
   if args.stream:
     print()
   if args.json_out and distributed.is_main():

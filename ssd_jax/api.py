@@ -19,15 +19,13 @@ from typing import Callable, Sequence
 from . import checkpoints
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
-from .decode import ARDecoder, DecodeOptions
-from .decode.sd import SDDecoder
-from .decode.ssd import SSDDecoder
-from .decode.ssd_split import SplitSSDDecoder
+from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
+from .decode.options import PLACEMENTS as SSD_PLACEMENTS
+from .fan_out import read_calibration
 from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
 
 MODES = ("ar", "sd", "ssd")
-SSD_PLACEMENTS = ("devices", "processes")
 PLANNED_MODES = ()
 
 
@@ -74,37 +72,31 @@ class Pipeline:
       raise ValueError("empty prompt")
     return ids
 
-  def decoder(self, mode: str, k: int = 1, fan_out=3, fan_out_miss=None, backup: str = "neural",
-              saguaro_c: float = 1.0):
-    norm = lambda f: tuple(f) if isinstance(f, (list, tuple)) else f
-    # The SSD placement is part of the key: a caller (the bench) may switch it between calls.
-    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup, saguaro_c,
-           self.ssd_placement if mode == "ssd" else None)
-    if key in self._decoders:  # decoders keep their compiled programs
+  def decoder(self, mode: str, spec: SpecOptions | None = None):
+    """Returns the decoder for `mode` with these speculation settings (default: SpecOptions() placed by this
+    pipeline's ssd_placement), built on first use and kept with its compiled programs."""
+    spec = spec or SpecOptions(placement=self.ssd_placement)
+    # SD reads only K; SSD's placement is part of its settings (the bench switches it between calls).
+    key = (mode, None if mode == "ar" else spec.k if mode == "sd" else spec)
+    if key in self._decoders:
       return self._decoders[key]
+    if mode not in MODES:
+      if mode in PLANNED_MODES:
+        raise ValueError(f"mode {mode!r} is not implemented yet; available: {', '.join(MODES)}")
+      raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    t, d = self.target, self.draft
     if mode == "ar":
-      dec = ARDecoder(self.target.cfg, self.target.params, self.attn_impl, placement=self.placement)
-    elif mode in ("sd", "ssd"):
-      if self.draft is None:
-        raise ValueError(f"mode {mode!r} needs a draft model; none is loaded (pass draft=... to load())")
-      if mode == "sd":
-        dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl,
-                        placement=self.placement)
-      elif self.ssd_placement == "processes":
-        dec = SplitSSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
-                              self.attn_impl, fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c)
-      else:
-        dec = SSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
-                         self.attn_impl, placement=self.placement, fan_out_miss=fan_out_miss, backup=backup,
-                         saguaro_c=saguaro_c)
+      dec = ARDecoder(t.cfg, t.params, self.attn_impl, placement=self.placement)
+    elif d is None:
+      raise ValueError(f"mode {mode!r} needs a draft model; none is loaded (pass draft=... to load())")
+    elif mode == "sd":
+      dec = SDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement)
     else:
-      dec = None
-    if dec is not None:
-      self._decoders[key] = dec
-      return dec
-    if mode in PLANNED_MODES:
-      raise ValueError(f"mode {mode!r} is not implemented yet; available: {', '.join(MODES)}")
-    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+      calibration = read_calibration(d.path) if spec.fan_out_strategy == "geometric" else None
+      dec = SSDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement,
+                       calibration=calibration)
+    self._decoders[key] = dec
+    return dec
 
   def _text_streamer(self, stream: Callable[[str], None]) -> Callable[[list[int]], None]:
     """Returns a token-id callback that passes each new piece of decoded text to `stream`."""
@@ -126,15 +118,29 @@ class Pipeline:
     """'ssd' when a draft is loaded, else 'ar': what generate() runs when no mode is given."""
     return "ssd" if self.draft is not None else "ar"
 
+  def spec_options(self, spec: SpecOptions | None = None, **settings) -> SpecOptions:
+    """Returns `spec`, or SpecOptions built from loose settings (k, fan_out, ...; the SSD placement defaults to
+    this pipeline's ssd_placement); raises ValueError when given both."""
+    if spec is None:
+      return SpecOptions(**{"placement": self.ssd_placement, **settings})
+    defaults = {f.name: f.default for f in dataclasses.fields(SpecOptions)}
+    if any(value != defaults[name] for name, value in settings.items()):
+      raise ValueError("give either spec=SpecOptions(...) or its settings (k, fan_out, ...), not both")
+    return spec
+
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
-                   stream: Callable[[list[int]], None] | None = None, k: int = 1, fan_out=3,
-                   fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0, **options):
-    """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode: as in generate)."""
+                   stream: Callable[[list[int]], None] | None = None, k: int = 1, fan_out=3, fan_out_miss=None,
+                   fan_out_strategy: str = "uniform", backup: str = "neural", saguaro_c: float = 1.0,
+                   spec: SpecOptions | None = None, **options):
+    """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode, speculation
+    settings and options: as in generate). Every prompt is checked against the context before any is decoded."""
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
-    opts.validate()
-    dec = self.decoder(mode or self.default_mode, k, fan_out, fan_out_miss, backup, saguaro_c)
+    spec = self.spec_options(spec, k=k, fan_out=fan_out, fan_out_miss=fan_out_miss,
+                             fan_out_strategy=fan_out_strategy, backup=backup, saguaro_c=saguaro_c)
+    dec = self.decoder(mode or self.default_mode, spec)
+    dec.check([len(p) for p in prompts], opts.max_new_tokens)
     results = []
     for i in range(0, len(prompts), batch_size):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
@@ -144,16 +150,18 @@ class Pipeline:
   def generate(self, prompts: Sequence[str] | str, mode: str | None = None, max_new_tokens: int = 128,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
-               k: int = 1, fan_out=3, fan_out_miss=None, backup: str = "neural", saguaro_c: float = 1.0
-               ) -> list[Generation]:
+               k: int = 1, fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
+               saguaro_c: float = 1.0, spec: SpecOptions | None = None) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`; 1 by default, the fastest for the shipped pair on a CPU) or
     'ssd' (also `fan_out` bonus guesses per acceptance length: an int, or K+1 counts; `fan_out_miss` after a miss;
-    `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the draft's top tokens (Saguaro
-    sampling); the draft runs on the second device when there is one); None: `default_mode`, 'ssd' when a draft is
-    loaded, else 'ar'. temperature 0 is greedy; chat=False feeds the text without the chat template; stream, if
-    given, is called with each new piece of text of the first prompt.
+    `fan_out_strategy` 'geometric' spreads F*(K+1) guesses by Theorem 12 from the draft's calibration
+    (scripts/calibrate_fan_out.py); `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the
+    draft's top tokens (Saguaro sampling); the draft runs on the second device when there is one, or in its own
+    process with ssd_placement='processes'); None: `default_mode`, 'ssd' when a draft is loaded, else 'ar'.
+    spec: a SpecOptions instead of those loose settings. temperature 0 is greedy; chat=False feeds the text without
+    the chat template; stream, if given, is called with each new piece of text of the first prompt.
     """
     if isinstance(prompts, str):
       prompts = [prompts]
@@ -162,8 +170,9 @@ class Pipeline:
     ids = [self.encode_prompt(p, chat) for p in prompts]
     text_cb = self._text_streamer(stream) if stream is not None else None
     res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out,
-                            fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                            ignore_eos=ignore_eos)
+                            fan_out_miss=fan_out_miss, fan_out_strategy=fan_out_strategy, backup=backup,
+                            saguaro_c=saguaro_c, spec=spec, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, seed=seed, ignore_eos=ignore_eos)
     return [Generation(p, r.token_ids, self.tokenizer.decode(r.token_ids), r.stats.to_dict())
             for p, r in zip(prompts, res)]
 

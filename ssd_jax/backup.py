@@ -1,10 +1,11 @@
 """Backup speculators for SSD cache misses, each with the exact proposal distribution the verifier needs.
 
-- neural: the draft run just in time (decode/sd.draft_propose); q = the draft's processed distribution.
+- neural: the draft run just in time (decode/steps.draft_propose); q = the draft's processed distribution.
 - fast:   uniformly random tokens; q = uniform over the vocabulary, so the ratio test stays exact.
 - ngram:  prompt lookup: the K tokens that followed the latest earlier occurrence of the text's last n-gram;
           a deterministic proposal, so q = a point mass on each proposed token (accepted with probability p(s),
           residual p without s): exact as well.
+- auto:   neural or fast, chosen before each miss by Theorem 17 from the run's measured statistics (`choose_backup`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .timing_model import neural_backup_better
 
 BACKUPS = ("auto", "neural", "fast", "ngram")
 
@@ -49,3 +52,33 @@ def ngram_propose(seq, k: int, n_max: int = 3) -> list[int]:
         cont.append(cont[-1] if cont else int(s[-1]))
       return cont
   return [int(s[-1])] * k
+
+
+def new_tally() -> dict:
+  """Running statistics for the automatic backup choice (Theorem 17)."""
+  return {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
+          "verify_s": 0.0, "verify_n": 0}
+
+
+def record_round(tally: dict, served_kind: str, live, seqs, lens_before) -> None:
+  """Counts a verified round's rows and tokens under the kind of speculation it served ('hit' or 'neural')."""
+  if served_kind not in ("hit", "neural"):
+    return
+  for i in np.flatnonzero(live):
+    tally[f"{served_kind}_rounds"] += 1
+    tally[f"{served_kind}_tokens"] += len(seqs[i]) - int(lens_before[i])
+
+
+def choose_backup(setting: str, tally: dict, batch: int) -> str:
+  """Returns the backup for the next miss: `setting` itself, or for 'auto' the Theorem 17 choice from `tally`
+  (times in units of one verify), neural until both kinds of round have been seen twice."""
+  if setting != "auto":
+    return setting
+  if tally["neural_rounds"] < 2 or tally["hit_rounds"] < 2 or tally["verify_n"] < 2:
+    return "neural"  # gather statistics first
+  lookups = tally["hit_rounds"] + tally["neural_rounds"]
+  t_verify = tally["verify_s"] / tally["verify_n"]
+  better = neural_backup_better(batch, tally["hit_rounds"] / lookups, tally["hit_tokens"] / tally["hit_rounds"],
+                                tally["neural_tokens"] / tally["neural_rounds"],
+                                tally["neural_s"] / tally["neural_rounds"] / t_verify)
+  return "neural" if better else "fast"

@@ -82,18 +82,27 @@ def fit_log_log(fs, miss) -> tuple[float, float]:
   return float(max(-slope, 1e-3)), float(np.exp(intercept))
 
 
-def calibrated_geometric(calibration_file: str, k: int, budget: int, temperature: float) -> tuple[int, ...]:
-  """Returns the Theorem 12 fan-out from a calibration file (scripts/calibrate_fan_out.py), nearest temperature."""
+CALIBRATION_FILE = "fan_out_calibration.json"  # beside the draft checkpoint (scripts/calibrate_fan_out.py)
+
+
+def read_calibration(draft_dir: str) -> dict:
+  """Returns the draft's {temperature: {"a_p", "r", ...}} from its calibration file; ValueError if it has none."""
   import json
   import os
 
-  if not os.path.exists(calibration_file):
-    raise ValueError(f"no fan-out calibration at {calibration_file}; run scripts/calibrate_fan_out.py first")
-  with open(calibration_file) as f:
+  path = os.path.join(draft_dir, CALIBRATION_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f"no fan-out calibration at {path}; run scripts/calibrate_fan_out.py first")
+  with open(path) as f:
     data = json.load(f)
   if not data:
-    raise ValueError(f"{calibration_file} holds no calibration")
-  t = min(data, key=lambda s: abs(float(s) - temperature))
-  a_p, r = float(data[t]["a_p"]), float(data[t]["r"])
+    raise ValueError(f"{path} holds no calibration")
+  return data
+
+
+def calibrated_geometric(calibration: dict, k: int, budget: int, temperature: float) -> tuple[int, ...]:
+  """Returns the Theorem 12 fan-out from a draft's calibration (`read_calibration`), at the nearest temperature."""
+  t = min(calibration, key=lambda s: abs(float(s) - temperature))
+  a_p, r = float(calibration[t]["a_p"]), float(calibration[t]["r"])
   a_p = min(max(a_p, 1e-3), 1 - 1e-3)
   return geometric_fan_out(k, budget, a_p, min(r, 1e3))

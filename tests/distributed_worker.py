@@ -47,15 +47,13 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
 
 def make_decoder(mode: str, cfg, tp, dp, placement):
   """Returns the decoder for `mode` (ar, sd: K=3, ssd: K=3, F=2) with this placement (also used by test_sharding)."""
-  from ssd_jax.decode import ARDecoder
-  from ssd_jax.decode.sd import SDDecoder
-  from ssd_jax.decode.ssd import SSDDecoder
+  from ssd_jax.decode import ARDecoder, SDDecoder, SpecOptions, SSDDecoder
 
   if mode == "ar":
     return ARDecoder(cfg, tp, placement=placement)
   if mode == "sd":
-    return SDDecoder(cfg, tp, cfg, dp, k=3, placement=placement)
-  return SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=placement)
+    return SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=3), placement=placement)
+  return SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=3, fan_out=2), placement=placement)
 
 
 def decode(mode: str, cfg, tp, dp, placement) -> list[list[int]]:

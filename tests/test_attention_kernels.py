@@ -11,8 +11,7 @@ import pytest
 
 from ssd_jax import model
 from ssd_jax.config import tiny_config
-from ssd_jax.decode import DecodeOptions
-from ssd_jax.decode.ssd import SSDDecoder
+from ssd_jax.decode import DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.fan_out import geometric_fan_out, uniform_fan_out
 from ssd_jax.kernels import masked_attention as attn
 
@@ -142,7 +141,7 @@ def test_greedy_ssd_with_pallas_attention_gives_reference_tokens():
   cfg = tiny_config(vocab_size=64, n_layers=1)
   params = model.init_params(jax.random.key(7), cfg, scale=0.3)
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
-  got = SSDDecoder(cfg, params, cfg, params, k=2, fan_out=2, attn_impl="pallas").generate(
+  got = SSDDecoder(cfg, params, cfg, params, SpecOptions(k=2, fan_out=2), attn_impl="pallas").generate(
       prompts, DecodeOptions(max_new_tokens=8, ignore_eos=True))
   assert [r.token_ids for r in got] == _greedy_reference(params, cfg, prompts, 8)
 

@@ -247,12 +247,12 @@ def test_pipeline_keeps_one_decoder_per_ssd_placement():
   from ssd_jax import api
   pipe = api.load_tiny()
   pipe.ssd_placement = "devices"
-  on_devices = pipe.decoder("ssd", 2, 2)
+  on_devices = pipe.decoder("ssd", pipe.spec_options(k=2, fan_out=2))
   pipe.ssd_placement = "processes"
-  in_processes = pipe.decoder("ssd", 2, 2)
-  assert type(on_devices).__name__ == "SSDDecoder" and type(in_processes).__name__ == "SplitSSDDecoder"
+  in_processes = pipe.decoder("ssd", pipe.spec_options(k=2, fan_out=2))
+  assert not on_devices.draft.remote and in_processes.draft.remote
   pipe.ssd_placement = "devices"
-  assert pipe.decoder("ssd", 2, 2) is on_devices
+  assert pipe.decoder("ssd", pipe.spec_options(k=2, fan_out=2)) is on_devices
 
 
 def test_pipeline_default_mode_is_ssd_with_a_draft_and_ar_without():

@@ -44,9 +44,29 @@ def test_fit_power_law_recovers_exponent():
 
 def test_calibrated_geometric_reads_nearest_temperature(tmp_path):
   import json
-  f = tmp_path / "cal.json"
-  f.write_text(json.dumps({"0": {"a_p": 0.8, "r": 1.0}, "1": {"a_p": 0.6, "r": 1.0}}))
-  assert fan_out.calibrated_geometric(str(f), 7, 24, 0.1) == fan_out.geometric_fan_out(7, 24, 0.8, 1.0)
-  assert fan_out.calibrated_geometric(str(f), 7, 24, 0.9) == fan_out.geometric_fan_out(7, 24, 0.6, 1.0)
+  (tmp_path / fan_out.CALIBRATION_FILE).write_text(json.dumps({"0": {"a_p": 0.8, "r": 1.0},
+                                                               "1": {"a_p": 0.6, "r": 1.0}}))
+  cal = fan_out.read_calibration(str(tmp_path))
+  assert fan_out.calibrated_geometric(cal, 7, 24, 0.1) == fan_out.geometric_fan_out(7, 24, 0.8, 1.0)
+  assert fan_out.calibrated_geometric(cal, 7, 24, 0.9) == fan_out.geometric_fan_out(7, 24, 0.6, 1.0)
   with pytest.raises(ValueError, match="calibrate_fan_out"):
-    fan_out.calibrated_geometric(str(tmp_path / "none.json"), 7, 24, 0.0)
+    fan_out.read_calibration(str(tmp_path / "none"))
+
+
+def test_pipeline_reads_geometric_fan_out_from_the_draft_calibration(tmp_path):
+  """generate(fan_out_strategy='geometric') from Python: the tree gets the Theorem 12 allocation of F*(K+1) from
+  the calibration beside the draft, and greedy SSD output still equals AR; no calibration is a clear error."""
+  import json
+
+  from ssd_jax import api
+  pipe = api.load_tiny()
+  (tmp_path / fan_out.CALIBRATION_FILE).write_text(json.dumps({"0": {"a_p": 0.9, "r": 0.5}}))
+  pipe.draft.path = str(tmp_path)
+  g = pipe.generate("Say hi.", mode="ssd", max_new_tokens=8, ignore_eos=True, k=3, fan_out=2,
+                    fan_out_strategy="geometric")[0]
+  want = fan_out.geometric_fan_out(3, 8, 0.9, 0.5)
+  assert want != (2, 2, 2, 2) and tuple(g.stats["fan_out"]) == want and g.stats["fan_out_strategy"] == "geometric"
+  assert g.token_ids == pipe.generate("Say hi.", mode="ar", max_new_tokens=8, ignore_eos=True)[0].token_ids
+  pipe.draft.path = str(tmp_path / "elsewhere")
+  with pytest.raises(ValueError, match="calibrate_fan_out"):
+    pipe.generate("Say hi.", mode="ssd", max_new_tokens=8, k=2, fan_out=2, fan_out_strategy="geometric")

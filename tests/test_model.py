@@ -58,7 +58,8 @@ def test_rope_positions_matter():
 
 def test_kv_cache_decode_equals_full_forward_ragged_batch():
   """Prefill ragged prompts, then feed tokens one at a time (and in a chunk of 3): logits equal a full forward."""
-  from ssd_jax.decode.base import pad_prompts, prefill
+  from ssd_jax.decode.base import pad_prompts
+  from ssd_jax.decode.steps import prefill
   cfg = tiny_config()
   params = _params(cfg, seed=3)
   rng = np.random.default_rng(0)

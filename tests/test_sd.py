@@ -8,8 +8,7 @@ import pytest
 
 from ssd_jax import model
 from ssd_jax.config import tiny_config
-from ssd_jax.decode import ARDecoder, DecodeOptions
-from ssd_jax.decode.sd import SDDecoder
+from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 
 
 def _perturbed(params, scale, seed):
@@ -43,7 +42,7 @@ def test_greedy_sd_equals_greedy_ar(pair, k, draft_kind):
     dp = model.init_params(jax.random.key(8), dcfg, scale=0.3)
   opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
   ar = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  sd = SDDecoder(cfg, tp, dcfg, dp, k=k).generate(PROMPTS, opts)
+  sd = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=k)).generate(PROMPTS, opts)
   assert [r.token_ids for r in sd] == ar
   rates = [r.stats.extra["acceptance_rate"] for r in sd]
   if draft_kind == "self":
@@ -61,7 +60,7 @@ def test_greedy_sd_with_reduced_vocab_draft_and_eos(pair):
   eos = ar[0].token_ids[5]
   opts = DecodeOptions(max_new_tokens=15, eos_id=eos)
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  got = [r.token_ids for r in SDDecoder(cfg, tp, dcfg, dp, k=3).generate(PROMPTS, opts)]
+  got = [r.token_ids for r in SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=3)).generate(PROMPTS, opts)]
   assert got == want
 
 
@@ -76,8 +75,8 @@ def test_sd_temperature_one_matches_target_joint_distribution():
   dp = _perturbed(tp, 0.5, 5)  # a draft noticeably different from the target
   prompt = [1, 2, 0]
   n = 3000
-  res = SDDecoder(cfg, tp, cfg, dp, k=2).generate([prompt] * n, DecodeOptions(max_new_tokens=3, temperature=1.0,
-                                                                             ignore_eos=True, seed=3))
+  res = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2)).generate(
+      [prompt] * n, DecodeOptions(max_new_tokens=3, temperature=1.0, ignore_eos=True, seed=3))
   seqs = np.asarray([r.token_ids for r in res])
   assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   assert_joint_matches_target(seqs, tp, cfg, prompt)
@@ -101,12 +100,12 @@ def assert_joint_matches_target(seqs, tp, cfg, prompt, alpha=1e-4):
 def test_sd_bad_input(pair):
   cfg, tp = pair
   with pytest.raises(ValueError, match="K"):
-    SDDecoder(cfg, tp, cfg, tp, k=0)
+    SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=0))
   with pytest.raises(ValueError, match="K=200 needs"):  # tiny context is 512 tokens
-    SDDecoder(cfg, tp, cfg, tp, k=200).generate([[1] * 100], DecodeOptions(max_new_tokens=250))
+    SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=200)).generate([[1] * 100], DecodeOptions(max_new_tokens=250))
   other = tiny_config(vocab_size=65)
   with pytest.raises(ValueError, match="vocabulary"):
-    SDDecoder(cfg, tp, other, model.init_params(jax.random.key(0), other), k=2)
+    SDDecoder(cfg, tp, other, model.init_params(jax.random.key(0), other), SpecOptions(k=2))
 
 
 def test_acceptance_statistics_count_tried_drafts():

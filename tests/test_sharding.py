@@ -7,9 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from ssd_jax import model
 from ssd_jax.config import tiny_config
-from ssd_jax.decode import ARDecoder, DecodeOptions
-from ssd_jax.decode.sd import SDDecoder
-from ssd_jax.decode.ssd import SSDDecoder
+from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 from ssd_jax.sharding import CACHE_AXES, cache_spec, make_placement, param_axes, param_specs
 
 from distributed_worker import make_decoder
@@ -69,10 +67,11 @@ def test_params_and_cache_carry_the_intended_shardings(pair):
 def test_decoders_hold_their_arrays_where_intended(pair):
   cfg, tp, dp = pair
   pl = make_placement(4, 1)
-  ssd = SSDDecoder(cfg, tp, cfg, dp, k=3, fan_out=2, placement=pl)
+  ssd = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=3, fan_out=2), placement=pl)
   _assert_placed(ssd.tparams, param_specs(cfg, 4), {0, 1, 2, 3})
   assert all(x.sharding.device_set == {pl.draft_device} for x in jax.tree.leaves(ssd.dparams))
-  sd = SDDecoder(cfg, tp, cfg, dp, k=3, placement=pl)  # colocated draft: replicated over the target's devices
+  # SD's draft is colocated: replicated over the target's devices.
+  sd = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=3), placement=pl)
   assert all(x.sharding.is_fully_replicated and len(x.sharding.device_set) == 4 for x in jax.tree.leaves(sd.dparams))
 
 

@@ -60,8 +60,7 @@ def real_pair(smollm2):
 
 
 def test_greedy_sd_equals_ar_on_real_target(real_pair):
-  from ssd_jax.decode import ARDecoder, DecodeOptions
-  from ssd_jax.decode.sd import SDDecoder
+  from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
   pipe, dcfg, dparams = real_pair
   prompts = [pipe.encode_prompt("What is the capital of France?"),
              pipe.encode_prompt("Write a Python function that reverses a string.")]
@@ -69,19 +68,18 @@ def test_greedy_sd_equals_ar_on_real_target(real_pair):
   tcfg, tparams = pipe.target.cfg, pipe.target.params
   want = [r.token_ids for r in ARDecoder(tcfg, tparams).generate(prompts, opts)]
   for k in (1, 4, 8):
-    got = SDDecoder(tcfg, tparams, dcfg, dparams, k=k).generate(prompts, opts)
+    got = SDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=k)).generate(prompts, opts)
     assert [r.token_ids for r in got] == want, k
 
 
 def test_greedy_ssd_equals_ar_on_real_target(real_pair):
-  from ssd_jax.decode import ARDecoder, DecodeOptions
-  from ssd_jax.decode.ssd import SSDDecoder
+  from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
   pipe, dcfg, dparams = real_pair
   prompts = [pipe.encode_prompt("What is the capital of France?"),
              pipe.encode_prompt("List three prime numbers.")]
   opts = DecodeOptions(max_new_tokens=20, eos_id=pipe.tokenizer.eos_id)
   tcfg, tparams = pipe.target.cfg, pipe.target.params
   want = [r.token_ids for r in ARDecoder(tcfg, tparams).generate(prompts, opts)]
-  got = SSDDecoder(tcfg, tparams, dcfg, dparams, k=4, fan_out=3).generate(prompts, opts)
+  got = SSDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=4, fan_out=3)).generate(prompts, opts)
   assert [r.token_ids for r in got] == want
   assert all(r.stats.extra["cache_hit_rate"] >= 0 for r in got)

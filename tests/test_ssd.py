@@ -6,9 +6,9 @@ import pytest
 
 from ssd_jax import model
 from ssd_jax.config import tiny_config
-from ssd_jax.decode import ARDecoder, DecodeOptions
-from ssd_jax.decode.base import pad_prompts, prefill
-from ssd_jax.decode.ssd import SSDDecoder, draft_tree, lookup
+from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
+from ssd_jax.decode.base import pad_prompts
+from ssd_jax.decode.steps import draft_tree, lookup, prefill
 from ssd_jax.kv_cache import KVCache
 
 from test_sd import PROMPTS, _perturbed, assert_joint_matches_target
@@ -87,7 +87,7 @@ def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
     dp = model.init_params(jax.random.key(8), dcfg, scale=0.3)
   opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
   ar = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  dec = SSDDecoder(cfg, tp, dcfg, dp, k=k, fan_out=f)
+  dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=k, fan_out=f))
   res = dec.generate(PROMPTS, opts)
   assert [r.token_ids for r in res] == ar
   assert dec.ddev.id not in dec.tdevs  # the draft really runs on its own device
@@ -107,7 +107,7 @@ def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
   dp = _perturbed(tp, 0.5, 5)
   prompt = [1, 2, 0]
   n = 3000
-  res = SSDDecoder(cfg, tp, cfg, dp, k=1, fan_out=2, saguaro_c=saguaro_c).generate(
+  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=1, fan_out=2, saguaro_c=saguaro_c)).generate(
       [prompt] * n, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
   assert 0.2 < hr < 0.98  # both hit and miss rounds contribute
@@ -117,9 +117,9 @@ def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
 def test_ssd_bad_input(pair):
   cfg, tp = pair
   with pytest.raises(ValueError, match="fan-out"):
-    SSDDecoder(cfg, tp, cfg, tp, k=2, fan_out=0)
+    SSDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2, fan_out=0))
   with pytest.raises(ValueError, match="K"):
-    SSDDecoder(cfg, tp, cfg, tp, k=0)
+    SSDDecoder(cfg, tp, cfg, tp, SpecOptions(k=0))
 
 
 @pytest.mark.parametrize("backup", ["fast", "ngram", "auto"])
@@ -129,7 +129,7 @@ def test_greedy_ssd_backups_and_fan_out_vectors(pair, backup, fan_out, fan_out_m
   dp = _perturbed(tp, 0.06, 1)
   opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
   ar = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  dec = SSDDecoder(cfg, tp, cfg, dp, k=4, fan_out=fan_out, fan_out_miss=fan_out_miss, backup=backup)
+  dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=4, fan_out=fan_out, fan_out_miss=fan_out_miss, backup=backup))
   res = dec.generate(PROMPTS, opts)
   assert [r.token_ids for r in res] == ar
   used = res[0].stats.extra["backups_used"]
@@ -144,7 +144,7 @@ def test_ssd_temperature_one_exact_with_fast_backups(backup):
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
   dp = _perturbed(tp, 0.5, 5)
   prompt = [1, 2, 0, 1, 2]
-  res = SSDDecoder(cfg, tp, cfg, dp, k=2, fan_out=1, backup=backup).generate(
+  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=1, backup=backup)).generate(
       [prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=6))
   assert sum(r.stats.extra["backups_used"][backup] for r in res[:1]) >= 1
   assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
@@ -186,7 +186,7 @@ def test_saguaro_rescale_moves_residual_mass_onto_the_cached_set():
 
 
 def test_bonus_rank():
-  from ssd_jax.decode.ssd import bonus_rank
+  from ssd_jax.decode.steps import bonus_rank
   cfg = tiny_config(vocab_size=8)
   params = {}
   g = jnp.asarray([[[0.1, 0.4, 0.2, 0.3, 0, 0, 0, 0], [0.5, 0.1, 0.1, 0.3, 0, 0, 0, 0]]])  # K = 1
@@ -199,7 +199,7 @@ def test_bonus_rank():
 
 
 def test_choose_backup_from_tally():
-  from ssd_jax.decode.ssd import choose_backup, new_tally, record_round
+  from ssd_jax.backup import choose_backup, new_tally, record_round
   t = new_tally()
   assert choose_backup("ngram", t, 1) == "ngram"
   assert choose_backup("auto", t, 1) == "neural"  # no statistics yet

@@ -1,7 +1,6 @@
 """Autoregressive decoding: the paper's AR baseline (one target forward per token)."""
 from __future__ import annotations
 
-import functools
 import time
 from typing import Sequence
 
@@ -9,38 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model, sampling
 from ..config import ModelConfig
-from ..kv_cache import KVCache
 from ..metrics import RequestStats
 from ..sharding import Placement, make_placement
-from .base import DecodeOptions, DecodeResult, Programs, StreamFn, cache_slots, pad_prompts, prefill
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
-def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p, cfg: ModelConfig,
-            attn_impl: str = "auto"):
-  """Returns (next tokens [B], cache) after appending `tokens` [B] to every row.
-
-  Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, shapes;
-  temperature, top_p and step are dynamic, so one program serves the whole decode loop.
-  """
-  logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl)
-  keys = sampling.row_keys(key, step, tokens.shape[0])
-  # Greedy skips the softmax and the Gumbel draw over the vocabulary (a few ms per token on CPU).
-  nxt = jax.lax.cond(temperature > 0,
-                     lambda lg: jax.vmap(sampling.sample)(keys, sampling.processed_probs(lg, temperature, top_p)),
-                     lambda lg: jnp.argmax(lg, -1).astype(jnp.int32), logits[:, 0])
-  nxt = model.to_token_ids(params, nxt, cfg)
-  return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def first_tokens(params, logits, key, temperature, top_p, cfg: ModelConfig):
-  """Samples the token that follows each prompt from prefill logits [B, V_out] (step 0 of the key schedule)."""
-  keys = sampling.row_keys(key, 0, logits.shape[0])
-  probs = sampling.processed_probs(logits, temperature, top_p)
-  return model.to_token_ids(params, jax.vmap(sampling.sample)(keys, probs), cfg)
+from .base import DecodeResult, Programs, StreamFn, cache_slots, pad_prompts
+from .options import DecodeOptions, check_context
+from .steps import ar_step, first_tokens, prefill
 
 
 class ARDecoder:
@@ -52,15 +25,20 @@ class ARDecoder:
     self.placement = placement or make_placement(1, 0)
     self.cfg, self.attn_impl = cfg, attn_impl
     self.params = self.placement.shard_target(params, cfg)
+    self.context = cfg.max_seq_len
     self.programs = Programs()
+
+  def check(self, prompt_lens: Sequence[int], max_new_tokens: int) -> None:
+    """Raises ValueError naming the first prompt that does not fit the context with max_new_tokens."""
+    check_context(self.context, prompt_lens, max_new_tokens)
 
   def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
                ) -> list[DecodeResult]:
-    opts.validate()
     cfg, params = self.cfg, self.params
+    self.check([len(p) for p in prompts], opts.max_new_tokens)
     tokens, lengths = pad_prompts(prompts)
     b = len(prompts)
-    slots = cache_slots(cfg, int(lengths.max()), opts.max_new_tokens)
+    slots = cache_slots(int(lengths.max()), opts.max_new_tokens)
     cache = self.placement.target_cache(cfg, b, slots, params["embed"].dtype)
     rep = self.placement.to_target  # small inputs: every device (of every process)
     key = rep(jax.random.key(opts.seed))

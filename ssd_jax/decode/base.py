@@ -1,41 +1,16 @@
-"""What every decoder shares: options, results, batching of ragged prompts, cache sizing, jitted prefill."""
+"""What every decoder shares: results, batching of ragged prompts, cache sizing, compiled programs, SpecBook."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..config import ModelConfig
-from ..kv_cache import KVCache, round_slots
+from ..kv_cache import round_slots
 from ..metrics import RequestStats
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeOptions:
-  max_new_tokens: int = 128
-  temperature: float = 0.0      # 0 = greedy
-  top_p: float = 1.0
-  seed: int = 0
-  ignore_eos: bool = False      # produce exactly max_new_tokens
-  eos_id: int | None = None
-
-  @property
-  def stop_id(self) -> int:
-    """The token id that ends a row (-1: none, when ignoring EOS)."""
-    return self.eos_id if (self.eos_id is not None and not self.ignore_eos) else -1
-
-  def validate(self):
-    if self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+from .options import DecodeOptions
 
 
 @dataclasses.dataclass
@@ -61,25 +36,10 @@ def pad_prompts(prompts: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET):
   return out, np.asarray(lens, np.int32)
 
 
-def cache_slots(cfg: ModelConfig, max_prompt: int, max_new: int, lookahead: int = 0) -> int:
-  """Returns the cache size for a batch, checking it fits the model's context; lookahead = extra scratch slots."""
+def cache_slots(max_prompt: int, max_new: int, lookahead: int = 0) -> int:
+  """Returns the cache size for a batch (check_context has checked it fits); lookahead = extra scratch slots."""
   need = max_prompt + max_new + lookahead
-  if max_prompt + max_new > cfg.max_seq_len:
-    raise ValueError(f"prompt ({max_prompt} tokens) + max_new_tokens ({max_new}) exceeds the model's context of "
-                     f"{cfg.max_seq_len} tokens; shorten the prompt or lower max_new_tokens")
   return round_slots(max(need, max_prompt + PROMPT_BUCKET), 128)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
-def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto"):
-  """Returns (logits at each row's last prompt token [B, V_out], cache holding the prompts, lengths set).
-
-  Static: cfg, attn_impl and the shapes (tokens are padded to a bucket, so a few programs serve all prompts).
-  """
-  cache = cache.replace(lengths=jnp.zeros_like(lengths))
-  logits, cache = model.forward_causal(params, tokens, cache, cfg, logit_index=(lengths - 1)[:, None],
-                                       attn_impl=attn_impl)
-  return logits[:, 0], cache.replace(lengths=lengths)
 
 
 def batched(seq: Sequence, n: int):

@@ -1,4 +1,5 @@
-"""SSD with the draft in its own process on its own cores (decode/ssd_split.py): same tokens, same distribution."""
+"""SSD with the draft side in its own process on its own cores (decode/draft_process.py): same tokens, same
+distribution, and the same samples for a seed as with the draft on its own device."""
 import os
 
 import jax
@@ -7,8 +8,8 @@ import pytest
 
 from ssd_jax import model
 from ssd_jax.config import tiny_config
-from ssd_jax.decode import ARDecoder, DecodeOptions
-from ssd_jax.decode.ssd_split import SplitSSDDecoder, split_cores
+from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
+from ssd_jax.decode.draft_process import split_cores
 
 from test_sd import PROMPTS, _perturbed, assert_joint_matches_target
 
@@ -32,7 +33,7 @@ def test_split_greedy_equals_ar(pair):
             embed=tp["embed"][:40])
   opts = DecodeOptions(max_new_tokens=21, ignore_eos=True)
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  dec = SplitSSDDecoder(cfg, tp, dcfg, dp, k=3, fan_out=(3, 2, 2, 3), backup=backup)
+  dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=3, fan_out=(3, 2, 2, 3), backup=backup, placement="processes"))
   try:
     affinity = os.sched_getaffinity(0)
     res = dec.generate(PROMPTS, opts)
@@ -67,7 +68,7 @@ def test_split_temperature_one_matches_target_joint_distribution():
   dp = dict(model.init_params(jax.random.key(12), dcfg), layers=near["layers"], final_norm=near["final_norm"],
             embed=near["embed"][:3])
   prompt = [1, 2, 0]
-  dec = SplitSSDDecoder(cfg, tp, dcfg, dp, k=1, fan_out=2)
+  dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=2, placement="processes"))
   try:
     res = dec.generate([prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   finally:
@@ -87,3 +88,25 @@ def test_split_cores_validation():
     split_cores([cores[0]], [10_000])
   with pytest.raises(ValueError, match="both"):
     split_cores([cores[0]], None)
+
+
+def test_same_seed_same_samples_in_both_placements():
+  """The draft side is one object in either placement (same keys, same backups): at temperature 1, with cache hits
+  and misses, a seed draws the same tokens with the draft on its own device and in its own process."""
+  from ssd_jax import api
+  pipe = api.load_tiny()
+  prompts = ["Say hi.", "Write one line about the sea", "abc"]
+  got, hit_rates = {}, {}
+  for placement in ("devices", "processes", "devices@4"):
+    pipe.ssd_placement = placement.split("@")[0]
+    spec = pipe.spec_options(k=2, fan_out=2)
+    try:
+      res = pipe.generate(prompts, mode="ssd", max_new_tokens=20, temperature=1.0, ignore_eos=True, spec=spec,
+                          seed=4 if "@" in placement else 3)
+    finally:
+      pipe.decoder("ssd", spec).close()
+    got[placement] = [g.token_ids for g in res]
+    hit_rates[placement] = np.mean([g.stats["cache_hit_rate"] for g in res])
+  assert 0 < hit_rates["devices"] < 1  # served from the cache and from the backup
+  assert got["processes"] == got["devices"]
+  assert got["devices@4"] != got["devices"]  # the tokens are samples: another seed draws others

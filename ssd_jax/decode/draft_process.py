@@ -1,0 +1,171 @@
+"""SSD's draft side in its own process on its own CPU cores: the CPU analogue of the paper's separate draft GPU.
+
+JAX CPU devices in one process share one thread pool, so drafting on "device 1" takes cores from the target's verify
+(an SSD round then costs more than an SD round). Here the draft side (speculator.TreeDraft, the same object the
+`devices` placement calls directly) runs in a child process pinned to its own cores, and the parent process (the
+target) is pinned to the others for the duration of a `generate` call. `DraftProcess` sends the target's calls over
+a socket pair wrapped in a `multiprocessing` Connection (Python's standard, well-kept pickling channel; a
+two-process `jax.distributed` run would need both sides to enter the same collective program every round, which
+does not fit two different programs running side by side). Per round only what the algorithm needs crosses:
+
+  target -> draft: the Outcome (accepted length k and bonus token t* per row, and the verify time for the
+                   automatic backup choice);
+  draft -> target: the next Speculation, K tokens per row and the distributions they were drawn from (over the
+                   draft's head vocabulary when it has one: [B, K, V_head] float32).
+
+The child dispatches the tree for the speculation it just served right after replying and then waits on the pipe,
+so its drafting overlaps verification on other cores.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import traceback
+
+import jax
+from multiprocessing.connection import Connection
+
+from .base import Programs
+from .draft import DraftModel
+from .speculator import Speculation, TreeDraft
+
+
+def set_process_affinity(cores) -> None:
+  """Pins every thread of this process (XLA's and OpenMP's pools included) to `cores`; new threads inherit it."""
+  cores = set(int(c) for c in cores)
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      os.sched_setaffinity(int(tid), cores)
+    except OSError:
+      pass  # a thread that just exited
+
+
+def split_cores(target_cores=None, draft_cores=None) -> tuple[list[int], list[int]]:
+  """Returns (target cores, draft cores): by default the usable cores split in two halves, the target first."""
+  avail = sorted(os.sched_getaffinity(0))
+  if target_cores is None and draft_cores is None:
+    if len(avail) < 2:
+      raise ValueError(f"the split placement needs at least 2 usable CPU cores, this process has {len(avail)}")
+    half = len(avail) // 2
+    return avail[:half], avail[half:]
+  if target_cores is None or draft_cores is None:
+    raise ValueError("give both target_cores and draft_cores, or neither")
+  t, d = sorted(set(target_cores)), sorted(set(draft_cores))
+  if not t or not d or set(t) & set(d):
+    raise ValueError(f"target cores {t} and draft cores {d} must be non-empty and disjoint")
+  bad = [c for c in t + d if c not in avail]
+  if bad:
+    raise ValueError(f"cores {bad} are not usable by this process (usable: {avail})")
+  return t, d
+
+
+class DraftProcess:
+  """A TreeDraft in a child process pinned to `draft_cores`: the same calls as speculator.InProcessDraft, over a
+  pipe; the caller (the target) is pinned to `target_cores` during each `session`."""
+
+  remote = True
+
+  def __init__(self, init: dict, target_cores=None, draft_cores=None):
+    """init: TreeDraft's settings (cfg, params as host arrays, spec, attn_impl, calibration, record_ranks)."""
+    self.target_cores, self.draft_cores = split_cores(target_cores, draft_cores)
+    self._init = init
+    self._proc = self._conn = None
+
+  @contextlib.contextmanager
+  def session(self):
+    """Starts the draft process if needed and pins this process to the target's cores until the block ends."""
+    self._start()
+    saved = os.sched_getaffinity(0)
+    set_process_affinity(self.target_cores)
+    try:
+      yield
+    finally:
+      set_process_affinity(saved)
+
+  def _start(self):
+    if self._proc is not None and self._proc.poll() is None:
+      return
+    # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's main module) that reads its
+    # JAX/OpenMP settings from the environment: one CPU device, as many OpenMP threads as it has cores.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags + ["--xla_force_host_platform_device_count=1"]),
+               OMP_NUM_THREADS=str(len(self.draft_cores)), JAX_PLATFORMS="cpu")
+    ours, theirs = socket.socketpair()
+    code = "import sys; from ssd_jax.decode.draft_process import worker_entry; worker_entry(sys.argv[1], sys.argv[2])"
+    self._proc = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno()),
+                                   ",".join(map(str, self.draft_cores))], pass_fds=(theirs.fileno(),), env=env)
+    theirs.close()
+    self._conn = Connection(ours.detach())
+    self.send("init", self._init)
+    self.receive()
+
+  def send(self, call: str, arg=None) -> None:
+    self._conn.send((call, arg))
+
+  def receive(self):
+    if not self._conn.poll(600):
+      raise RuntimeError("the draft process did not answer within 600 s")
+    try:
+      kind, payload = self._conn.recv()
+    except (EOFError, ConnectionResetError):
+      raise RuntimeError("the draft process exited unexpectedly") from None
+    if kind == "error":
+      raise RuntimeError(f"draft process failed:\n{payload}")
+    return payload
+
+  def draft_ahead(self) -> None:
+    pass  # the child dispatches its tree as soon as it has replied
+
+  def close(self):
+    """Stops the draft process."""
+    if self._proc is not None:
+      try:
+        self.send("stop")
+      except OSError:
+        pass
+      try:
+        self._proc.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        self._proc.kill()
+      self._conn.close()
+      self._proc = self._conn = None
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:
+      pass
+
+
+def worker_entry(fd: str, cores: str):
+  """The draft process: pins itself, builds its TreeDraft on 'init', then answers every call until 'stop'."""
+  set_process_affinity([int(c) for c in cores.split(",")])
+  conn = Connection(int(fd))
+  side = None
+  while True:
+    try:
+      call, arg = conn.recv()
+    except (EOFError, KeyboardInterrupt):
+      return
+    if call == "stop":
+      return
+    try:
+      if call == "init":
+        side = _tree_draft(**arg)
+        reply = None
+      else:
+        reply = getattr(side, call)(arg)
+      conn.send(("ok", reply.to_host() if isinstance(reply, Speculation) else reply))
+      if side is not None:
+        side.draft_ahead()  # after the reply: the target verifies while this drafts
+    except Exception:
+      conn.send(("error", traceback.format_exc()))
+
+
+def _tree_draft(cfg, params, spec, attn_impl, calibration, record_ranks) -> TreeDraft:
+  dev = jax.devices()[0]
+  model = DraftModel(cfg, params, attn_impl, lambda x: jax.device_put(x, dev), Programs())
+  return TreeDraft(model, spec, calibration, record_ranks)

@@ -1,0 +1,135 @@
+"""What a decode run does, each options object checked once, where it is built; and the context check.
+
+DecodeOptions (every mode): how many tokens, how they are sampled, where a row stops.
+SpecOptions (SD, SSD): K drafts per round and SSD's tree shape (fan-out), backup, Saguaro sampling and placement.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from ..backup import BACKUPS
+from ..config import ModelConfig
+from ..fan_out import calibrated_geometric, parse_fan_out
+
+FAN_OUT_STRATEGIES = ("uniform", "geometric")
+PLACEMENTS = ("devices", "processes")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+  max_new_tokens: int = 128
+  temperature: float = 0.0      # 0 = greedy
+  top_p: float = 1.0
+  seed: int = 0
+  ignore_eos: bool = False      # produce exactly max_new_tokens
+  eos_id: int | None = None
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def stop_id(self) -> int:
+    """The token id that ends a row (-1: none, when ignoring EOS)."""
+    return self.eos_id if (self.eos_id is not None and not self.ignore_eos) else -1
+
+
+def _counts(fan_out, k: int, what: str) -> tuple[int, ...]:
+  """Returns K+1 fan-out counts from an int F (uniform), a string 'F' / 'F0,...,FK' or a sequence, checked."""
+  if isinstance(fan_out, (int, np.integer, str)):
+    return parse_fan_out(str(fan_out), k)
+  counts = tuple(int(x) for x in fan_out)
+  if len(counts) != k + 1 or min(counts) < 0 or sum(counts) < 1:
+    raise ValueError(f"{what} needs K+1 = {k + 1} non-negative counts with a positive sum, got {counts}")
+  return counts
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecOptions:
+  """A speculative run's settings (SD reads only k), normalised and checked when built; hashable.
+
+  fan_out: SSD's bonus-token guesses cached per acceptance length 0..K: an int F, 'F' or 'F0,...,FK', or K+1 counts;
+  stored as K+1 counts. fan_out_miss: the same after a cache miss (the tree keeps its size: same total); None =
+  fan_out. fan_out_strategy 'geometric' spreads the budget sum(fan_out) = F*(K+1) of a single F over the acceptance
+  lengths by Theorem 12, from the draft's calibration at the run's temperature (`fan_outs`). backup: the speculator
+  on a cache miss ('neural', 'fast', 'ngram', or 'auto': Theorem 17 from measured statistics). saguaro_c < 1
+  down-weights the draft's top tokens (Saguaro sampling). placement: SSD's draft on its own JAX device of this process
+  ('devices') or in a child process on its own CPU cores ('processes').
+  """
+  k: int = 1
+  fan_out: tuple[int, ...] | int | str = 3
+  fan_out_miss: tuple[int, ...] | int | str | None = None
+  fan_out_strategy: str = "uniform"
+  backup: str = "neural"
+  saguaro_c: float = 1.0
+  placement: str = "devices"
+
+  def __post_init__(self):
+    if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+      raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {self.k!r}")
+    k = int(self.k)
+    f = _counts(self.fan_out, k, "a fan-out")
+    f_miss = f if self.fan_out_miss is None else _counts(self.fan_out_miss, k, "a fan-out after a miss")
+    if sum(f_miss) != sum(f):
+      raise ValueError(f"fan-out after a miss {f_miss} must have the same total as after a hit {f}")
+    if self.fan_out_strategy not in FAN_OUT_STRATEGIES:
+      raise ValueError(f"unknown fan-out strategy {self.fan_out_strategy!r}; choose from "
+                       f"{', '.join(FAN_OUT_STRATEGIES)}")
+    if self.fan_out_strategy == "geometric" and len(set(f)) != 1:
+      raise ValueError("geometric fan-out takes a single fan-out F (the budget is F*(K+1))")
+    if self.backup not in BACKUPS:
+      raise ValueError(f"unknown backup {self.backup!r}; choose from {', '.join(BACKUPS)}")
+    if not 0 < self.saguaro_c <= 1:
+      raise ValueError(f"Saguaro C must be in (0, 1], got {self.saguaro_c}")
+    if self.placement not in PLACEMENTS:
+      raise ValueError(f"unknown SSD placement {self.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    for name, value in (("k", k), ("fan_out", f), ("fan_out_miss", f_miss), ("saguaro_c", float(self.saguaro_c))):
+      object.__setattr__(self, name, value)
+
+  def fan_outs(self, calibration: dict | None, temperature: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Returns the tree's (fan-out after a hit, after a miss) for a run at `temperature`.
+
+    calibration: the draft's {temperature: {"a_p", "r"}} (fan_out.read_calibration); geometric fan-out needs it.
+    """
+    if self.fan_out_strategy == "uniform":
+      return self.fan_out, self.fan_out_miss
+    if calibration is None:
+      raise ValueError("geometric fan-out needs the draft's calibration (scripts/calibrate_fan_out.py)")
+    f = calibrated_geometric(calibration, self.k, sum(self.fan_out), temperature)
+    return f, (f if self.fan_out_miss == self.fan_out else self.fan_out_miss)
+
+  @property
+  def widest(self) -> int:
+    """Returns the most guesses any acceptance length can get (the budget itself under geometric fan-out)."""
+    if self.fan_out_strategy == "geometric":
+      return sum(self.fan_out)
+    return max(max(self.fan_out), max(self.fan_out_miss))
+
+
+def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOptions) -> None:
+  """Raises ValueError for a draft that cannot speculate for this target with these options."""
+  if draft_cfg.vocab_size != target_cfg.vocab_size:
+    raise ValueError(f"draft vocabulary ({draft_cfg.vocab_size}) differs from the target's ({target_cfg.vocab_size})")
+  if spec.widest > draft_cfg.out_vocab - 1:
+    raise ValueError(f"fan-out {spec.widest} exceeds the draft's vocabulary")
+
+
+def check_context(context: int, prompt_lens: Sequence[int], max_new_tokens: int, k: int = 0) -> None:
+  """Raises ValueError naming the first prompt that, with max_new_tokens (and K+1 slots past the text for a
+  speculative round), does not fit a context of `context` tokens."""
+  for i, n in enumerate(prompt_lens):
+    which = f"prompt {i + 1}" if len(prompt_lens) > 1 else "the prompt"
+    if n + max_new_tokens > context:
+      raise ValueError(f"{which} has {n} tokens; with max_new_tokens {max_new_tokens} it exceeds the context of "
+                       f"{context} tokens; shorten the prompt or lower max_new_tokens")
+    if k and n + max_new_tokens + k + 1 > context:
+      raise ValueError(f"K={k} needs {k + 1} cache slots past the text, but {which} ({n} tokens) + max_new_tokens "
+                       f"({max_new_tokens}) leave only {context - n - max_new_tokens} of the {context}-token "
+                       f"context; lower K or max_new_tokens")

@@ -1,0 +1,268 @@
+"""The decode steps: pure jitted functions over params, caches and small arrays, shared by the AR, SD and SSD loops.
+
+Per row the committed text is x_1..x_L; its last token x_L (the previous round's bonus) is in neither cache yet: the
+target cache holds L-1 tokens. A speculative round:
+  draft:  `draft_propose` feeds [x_{L-1}, x_L] at slots L-2, L-1 (re-writing x_{L-1} is harmless and covers the case
+          where the previous round accepted all K drafts, whose last one the draft never fed), then K-1 single steps:
+          s_1..s_K and the exact processed distributions q_1..q_K they were drawn from;
+  target: `verify` feeds [x_L, s_1..s_K] at slots L-1..L-1+K, giving p_1..p_{K+1}; sampling.rejection_sample gives
+          k accepted drafts and a bonus token; committing x_L, s_1..s_k is a length update (the target length becomes
+          L+k; rejected entries stay in the cache, invisible, and are overwritten later).
+SSD's draft, from the same inputs while the target verifies s_1..s_K (`draft_tree`):
+  glue:  feeds [x_{L-1}, x_L, s_1..s_K] at slots L-2..L-1+K (linear, committed-style), giving draft logits g_j after
+         x_L, s_1..s_j for j = 0..K;
+  fork:  for each acceptance length j, the F most likely bonus tokens under g_j, excluding s_{j+1} for j < K (the
+         residual max(0, p - q) is zero on a rejected draft token, so it can never be the bonus);
+  tree:  K draft steps over all (K+1)*F branches at once. Branch (j, c) is the text x_1..x_L, s_1..s_j, c; its tokens
+         live in a step-major scratch region after the glue (slot L+K + d*(K+1)*F + branch) with RoPE positions
+         L+j+d, and attention sees the glue up to its fork point plus its own earlier scratch entries only.
+The result is the speculation cache: for every key (j, c), K tokens and the exact distributions they were drawn from;
+`lookup` finds the verify outcome (k, t*) in it.
+
+Random streams: each role draws from its own stream of the run's seed (`stream_key`), so the draft's proposals are
+independent of the verifier's uniforms and never reuse the first token's key.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import model, sampling
+from ..config import ModelConfig
+from ..kernels import MaskInfo, causal_mask_info
+from ..kv_cache import KVCache
+
+DRAFT_STREAM, VERIFY_STREAM = 0x5EED, 0xC0DE
+
+
+def stream_key(seed: int, stream: int):
+  """Returns the root key of one random stream of a run (DRAFT_STREAM, VERIFY_STREAM)."""
+  return jax.random.fold_in(jax.random.key(seed), stream)
+
+
+def fold(key, *idx):
+  """Returns `key` folded with each index in turn (e.g. round, then use within the round)."""
+  for i in idx:
+    key = jax.random.fold_in(key, i)
+  return key
+
+
+def sd_round_keys(draft_root, rnd: int):
+  """Returns SD's (draft key, verify key) of round `rnd`: two halves of one split of the draft stream."""
+  kd, kv = jax.random.split(fold(draft_root, rnd))
+  return kd, kv
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto"):
+  """Returns (logits at each row's last prompt token [B, V_out], cache holding the prompts, lengths set).
+
+  Static: cfg, attn_impl and the shapes (tokens are padded to a bucket, so a few programs serve all prompts).
+  """
+  cache = cache.replace(lengths=jnp.zeros_like(lengths))
+  logits, cache = model.forward_causal(params, tokens, cache, cfg, logit_index=(lengths - 1)[:, None],
+                                       attn_impl=attn_impl)
+  return logits[:, 0], cache.replace(lengths=lengths)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def first_tokens(params, logits, key, temperature, top_p, cfg: ModelConfig):
+  """Samples the token that follows each prompt from prefill logits [B, V_out] (step 0 of the key schedule)."""
+  keys = sampling.row_keys(key, 0, logits.shape[0])
+  probs = sampling.processed_probs(logits, temperature, top_p)
+  return model.to_token_ids(params, jax.vmap(sampling.sample)(keys, probs), cfg)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p, cfg: ModelConfig,
+            attn_impl: str = "auto"):
+  """Returns (next tokens [B], cache) after appending `tokens` [B] to every row.
+
+  Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, shapes;
+  temperature, top_p and step are dynamic, so one program serves the whole decode loop.
+  """
+  logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl)
+  keys = sampling.row_keys(key, step, tokens.shape[0])
+  # Greedy skips the softmax and the Gumbel draw over the vocabulary (a few ms per token on CPU).
+  nxt = jax.lax.cond(temperature > 0,
+                     lambda lg: jax.vmap(sampling.sample)(keys, sampling.processed_probs(lg, temperature, top_p)),
+                     lambda lg: jnp.argmax(lg, -1).astype(jnp.int32), logits[:, 0])
+  nxt = model.to_token_ids(params, nxt, cfg)
+  return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperature, top_p, cfg: ModelConfig,
+           attn_impl: str = "auto"):
+  """Returns (accept_len [B], bonus [B], cache) for one verification of [x_L, s_1..s_K] per row.
+
+  cache.lengths is L-1 on entry; on exit it is L+k for active rows (unchanged for inactive ones). Static: cfg and
+  shapes; temperature and top_p are dynamic.
+  """
+  tokens = jnp.concatenate([bonus_prev[:, None], drafts], axis=1)
+  logits, cache = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl)
+  p = sampling.processed_probs(logits, temperature, top_p)
+  accept_len, bonus = sampling.rejection_sample(key, p, q, drafts)
+  accept_len = jnp.where(active, accept_len, 0)
+  new_len = cache.lengths + jnp.where(active, 1 + accept_len, 0)
+  return accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "saguaro_top"), donate_argnames=("cache",))
+def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
+                  k: int, attn_impl: str = "auto", saguaro_top: int = 0):
+  """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache).
+
+  last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k,
+  saguaro_top (SSD's Saguaro sampling: the top tokens down-weighted by saguaro_c; 0 = plain sampling).
+  """
+  b = last2.shape[0]
+  slots = lengths[:, None] - 2 + jnp.arange(2)[None, :]
+  slots = jnp.maximum(slots, 0)
+  logits, cache = model.forward(params, last2, slots, cache, slots, causal_mask_info(slots), cfg,
+                                logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl)
+  keys = jax.random.split(key, k)
+
+  def draw(logits_row, kk):
+    probs = sampling.processed_probs(logits_row, temperature, top_p)  # over the draft's head vocabulary
+    probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
+    tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)
+    return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)
+
+  tok, q = draw(logits[:, 0], keys[0])
+
+  def body(i, carry):
+    cache, toks, qs = carry
+    pos = lengths + i - 1  # slot of draft token i-1 (0-based): x_L sits at L-1
+    s = (pos)[:, None]
+    lg, cache = model.forward(params, toks[:, i - 1][:, None], s, cache, s, causal_mask_info(s), cfg,
+                              attn_impl=attn_impl)
+    t, qq = draw(lg[:, 0], keys[i])
+    return cache, toks.at[:, i].set(t), qs.at[:, i].set(qq)
+
+  toks = jnp.zeros((b, k), jnp.int32).at[:, 0].set(tok)
+  qs = jnp.zeros((b, k, q.shape[-1]), jnp.float32).at[:, 0].set(q)
+  cache, toks, qs = jax.lax.fori_loop(1, k, body, (cache, toks, qs))
+  return toks, qs, cache
+
+
+def tree_lookahead(k: int, fan_out: tuple) -> int:
+  """Returns the draft cache slots one round needs past the committed text: glue K+2 plus K depths of branches."""
+  return k + 2 + k * sum(fan_out)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "saguaro_top"),
+                   donate_argnames=("cache",))
+def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
+               k: int, fan_out: tuple, attn_impl: str = "auto", saguaro_top: int = 0):
+  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], g, cache), N = sum(fan_out).
+
+  tree_q holds each tree token's exact distribution over the draft's output rows (its head vocabulary, where all of
+  a draft distribution's mass lies): the speculation cache stores V_out, not V, floats per token, and `serve_q`
+  expands only the one speculation a round serves.
+
+  last2: [B, 2] the last two committed tokens (x_{L-1}, x_L); spec: [B, K] the speculation being verified;
+  lengths: [B] L; fan_out: (F_0..F_K) guesses per acceptance length. Static: cfg, k, fan_out (the tree's shape),
+  saguaro_top (Saguaro sampling of the tree tokens: top tokens down-weighted by saguaro_c; 0 = plain sampling).
+  The glue distributions g are also returned, [B, K+1, V_out], for calibration (bonus-token ranks).
+  """
+  b = last2.shape[0]
+  n = sum(fan_out)
+  branch_j_np = np.repeat(np.arange(k + 1), fan_out).astype(np.int32)  # [N]
+  rank_np = np.concatenate([np.arange(f) for f in fan_out]).astype(np.int32)  # [N]
+  # Glue: linear writes of x_{L-1}, x_L, s_1..s_K.
+  toks = jnp.concatenate([last2, spec], axis=1)
+  slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(k + 2)[None, :], 0)
+  g, cache = model.forward(params, toks, slots, cache, slots, causal_mask_info(slots), cfg,
+                           logit_index=jnp.broadcast_to(1 + jnp.arange(k + 1), (b, k + 1)), attn_impl=attn_impl)
+  # Fork: top-F bonus candidates per acceptance length j, the drafted token s_{j+1} excluded for j < K.
+  probs_g = sampling.processed_probs(g, 1.0, 1.0)  # ranking only; temperature does not change the order
+  if cfg.head_vocab is None:
+    spec_rows, spec_known = spec, jnp.ones(spec.shape, bool)
+  else:
+    spec_rows = params["vocab_map"][spec]
+    spec_known = params["head_ids"][spec_rows] == spec
+  excl = jax.nn.one_hot(spec_rows, g.shape[-1], dtype=bool) & spec_known[..., None]  # [B, K, V_out]
+  excl = jnp.concatenate([excl, jnp.zeros((b, 1, g.shape[-1]), bool)], axis=1)
+  _, top_rows = jax.lax.top_k(jnp.where(excl, -1.0, probs_g), max(fan_out))  # [B, K+1, F_max]
+  cand = model.to_token_ids(params, top_rows[:, branch_j_np, rank_np], cfg)  # [B, N]
+  branch_j = jnp.asarray(branch_j_np)
+  # Tree: K steps over all N branches.
+  tree_start = lengths + k
+  vis_end = jnp.broadcast_to(lengths[:, None] + branch_j[None, :], (b, n)).astype(jnp.int32)
+  branch = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  keys = jax.random.split(key, k)
+
+  def step(d, carry):
+    cache, inp, out_t, out_q = carry
+    pos = vis_end + d  # RoPE position of the token fed at depth d: L + j + d
+    wslots = tree_start[:, None] + d * n + branch
+    mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
+                    tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
+    lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl)
+    probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
+    probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
+    tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
+    tok = model.to_token_ids(params, tok, cfg)
+    out_t = out_t.at[:, :, d].set(tok)
+    out_q = out_q.at[:, :, d].set(probs)
+    return cache, tok, out_t, out_q
+
+  out_t = jnp.zeros((b, n, k), jnp.int32)
+  out_q = jnp.zeros((b, n, k, cfg.out_vocab), jnp.float32)
+  cache, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, out_t, out_q))
+  return cand, branch_j, out_t, out_q, probs_g, cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def serve_q(params, q_out, cfg: ModelConfig):
+  """Returns a served speculation's distributions over the full vocabulary [B, K, V] from [B, K, V_out]."""
+  return model.scatter_to_vocab(params, q_out, cfg)
+
+
+@jax.jit
+def lookup(cand, branch_j, tree_tokens, tree_q, accept_len, bonus):
+  """Returns (hit [B], tokens [B, K], q [B, K, V]) for verify outcomes (accept_len, bonus) [B] in the cache."""
+  match = (branch_j[None, :] == accept_len[:, None]) & (cand == bonus[:, None])  # [B, N]
+  hit = match.any(-1)
+  idx = jnp.argmax(match, -1)
+  toks = jnp.take_along_axis(tree_tokens, idx[:, None, None], 1)[:, 0]
+  q = jnp.take_along_axis(tree_q, idx[:, None, None, None], 1)[:, 0]
+  return hit, toks, q
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def bonus_rank(params, glue_g, spec, accept_len, bonus, cfg: ModelConfig):
+  """Returns [B] the rank (1 = most likely) of each bonus token under the draft's glue distribution at its
+  acceptance length, the drafted token excluded below K: the fan-out a cache needs to have held it. Tokens outside
+  the draft's vocabulary get rank V_out + 1."""
+  b, k1, v = glue_g.shape
+  g = jnp.take_along_axis(glue_g, accept_len[:, None, None], 1)[:, 0]  # [B, V_out]
+  if cfg.head_vocab is None:
+    rows, known = bonus, jnp.ones_like(bonus, bool)
+    srows = spec
+  else:
+    rows = params["vocab_map"][bonus]
+    known = params["head_ids"][rows] == bonus
+    srows = params["vocab_map"][spec]
+  drafted = jnp.take_along_axis(jnp.concatenate([srows, jnp.full((b, 1), -1, srows.dtype)], 1),
+                                accept_len[:, None], 1)[:, 0]
+  g = jnp.where(jnp.arange(v)[None, :] == drafted[:, None], -1.0, g)
+  pb = jnp.take_along_axis(g, rows[:, None], 1)[:, 0]
+  rank = 1 + (g > pb[:, None]).sum(-1)
+  return jnp.where(known, rank, v + 1).astype(jnp.int32)
+
+
+@jax.jit
+def merge_rows(hit, a_tokens, a_q, b_tokens, b_q):
+  """Returns per row (a if hit else b) for tokens [B, K] and distributions [B, K, V]."""
+  return jnp.where(hit[:, None], a_tokens, b_tokens), jnp.where(hit[:, None, None], a_q, b_q)
+
+
+@jax.jit
+def compact_q(q, head_ids):
+  """Returns q restricted to the draft's head vocabulary (where all of a draft distribution's mass lies)."""
+  return q[..., head_ids]

@@ -1,0 +1,54 @@
+"""The options objects: normalised and checked once where they are built; the context check names the prompt."""
+import pytest
+
+from ssd_jax.decode import DecodeOptions, SpecOptions
+from ssd_jax.decode.options import check_context
+
+
+def test_spec_options_normalise_every_way_of_giving_the_fan_out():
+  a = SpecOptions(k=2, fan_out=3)
+  assert a.fan_out == a.fan_out_miss == (3, 3, 3)
+  assert SpecOptions(k=2, fan_out="3") == a and SpecOptions(k=2, fan_out=(3, 3, 3)) == a
+  assert hash(SpecOptions(k=2, fan_out="3")) == hash(a)  # usable as a key of the pipeline's decoders
+  b = SpecOptions(k=2, fan_out="4,3,2", fan_out_miss=[7, 1, 1])
+  assert (b.fan_out, b.fan_out_miss) == ((4, 3, 2), (7, 1, 1))
+  assert b.fan_outs(None, 0.0) == ((4, 3, 2), (7, 1, 1))
+
+
+@pytest.mark.parametrize("settings, msg", [
+    (dict(k=0), "K"), (dict(k=1.5), "K"), (dict(k=1, fan_out="1,2,3"), "K\\+1 = 2"), (dict(fan_out=0), "fan-out"),
+    (dict(k=2, fan_out=(3, 3, 3), fan_out_miss=(3, 3)), "K\\+1 = 3"),
+    (dict(k=2, fan_out=3, fan_out_miss=(9, 0, 1)), "same total"), (dict(backup="psychic"), "unknown backup"),
+    (dict(saguaro_c=0.0), "Saguaro C"), (dict(placement="cloud"), "unknown SSD placement"),
+    (dict(fan_out_strategy="golden"), "unknown fan-out strategy"),
+    (dict(k=2, fan_out=(3, 2, 1), fan_out_strategy="geometric"), "single fan-out F")])
+def test_spec_options_reject_bad_settings_when_built(settings, msg):
+  with pytest.raises(ValueError, match=msg):
+    SpecOptions(**settings)
+
+
+def test_geometric_fan_out_comes_from_the_calibration_at_the_nearest_temperature():
+  from ssd_jax.fan_out import geometric_fan_out
+  spec = SpecOptions(k=3, fan_out=2, fan_out_strategy="geometric")
+  cal = {"0": {"a_p": 0.9, "r": 0.5}, "1": {"a_p": 0.3, "r": 2.0}}
+  f, f_miss = spec.fan_outs(cal, 0.2)
+  assert f == f_miss == geometric_fan_out(3, 8, 0.9, 0.5) != (2, 2, 2, 2)
+  assert spec.fan_outs(cal, 0.8)[0] == geometric_fan_out(3, 8, 0.3, 2.0)
+  with pytest.raises(ValueError, match="calibrat"):
+    spec.fan_outs(None, 0.0)
+
+
+def test_decode_options_reject_bad_values_when_built():
+  for bad, msg in ((dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1), "temperature"),
+                   (dict(top_p=0), "top_p")):
+    with pytest.raises(ValueError, match=msg):
+      DecodeOptions(**bad)
+
+
+def test_context_check_names_the_prompt_and_the_speculation_slots():
+  check_context(100, [10, 60], 40)  # fits exactly
+  with pytest.raises(ValueError, match="prompt 2 has 61 tokens; with max_new_tokens 40 it exceeds the context"):
+    check_context(100, [10, 61], 40)
+  with pytest.raises(ValueError, match="K=3 needs 4 cache slots past the text, but prompt 2"):
+    check_context(100, [10, 60], 37, k=3)
+  check_context(100, [10, 60], 36, k=3)
