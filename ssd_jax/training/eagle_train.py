@@ -1,6 +1,7 @@
 """Training the EAGLE draft with self-conditioned rollouts (EAGLE-3's training-time test), on cached target features.
 
-Data (ssd_jax/training/features.py): per token x_p the target's features f_p and its greedy next token y_p. The draft
+Data (ssd_jax/training/features.py): per token x_p the target's features f_p; the label y_p is the next token
+x_{p+1}, counted where that is an answer token (the target's own greedy choice there). The draft
 at position p reads x_p and a feature of position p-1 and predicts y_p. A rollout of depth J trains, at every
 position at once, the J situations a draft meets when it drafts j = 0..J-1 tokens past the last position whose target
 features it has:
@@ -41,7 +42,6 @@ HELD_OUT_EVERY, HELD_OUT_OFFSET = 25, 7  # shard n is held out when n % 25 == 7 
 class Shard:
   feats: np.ndarray   # float16 [N, n_feat * d] (memory-mapped)
   ids: np.ndarray     # [N] token ids
-  label: np.ndarray   # [N] the target's greedy next token at each position
   mask: np.ndarray    # [N] 1 where the token is an answer token
   starts: np.ndarray  # [E] where each example (or piece of a long one) begins
 
@@ -57,7 +57,7 @@ def load_shards(root: str, corpora, held_out: bool) -> list[Shard]:
         continue
       z = np.load(meta)
       feats = np.load(meta.replace(".meta.npz", ".feats.npy"), mmap_mode="r")
-      out.append(Shard(feats, z["ids"], z["label"], z["mask"], z["starts"]))
+      out.append(Shard(feats, z["ids"], z["mask"], z["starts"]))
   return out
 
 
@@ -102,9 +102,13 @@ def make_batch(shards: list[Shard], windows, seq_len: int, head_map: np.ndarray)
       sl = slice(at, at + n)
       out["tokens"][r, sl] = sh.ids[lo:hi]
       out["feats"][r, sl] = sh.feats[lo:hi]
-      lab = sh.label[lo:hi].astype(np.int64)
+      # The label at p is the token after it: at answer positions, the target's own greedy choice.
+      lab = np.zeros((n,), np.int64)
+      nxt = sh.ids[lo + 1:hi + 1]
+      lab[: len(nxt)] = nxt
       out["labels"][r, sl] = head_map[lab]
-      nxt_answer = np.append(sh.mask[lo + 1:hi], sh.mask[hi] if hi < len(sh.mask) else 0)
+      nxt_answer = np.zeros((n,), np.uint8)
+      nxt_answer[: len(nxt)] = sh.mask[lo + 1:hi + 1]
       known = head_map[lab] >= 0
       out["loss"][r, sl] = (nxt_answer > 0) & known
       out["seg"][r, sl] = e + 1
@@ -246,9 +250,9 @@ class EagleTrainConfig:
 def choose_head(shards: list[Shard], vocab_size: int, size: int) -> np.ndarray:
   """Returns the `size` token ids most often predicted at answer positions (plus ids 0-2), sorted."""
   from ..train import choose_head_vocab
-  labels = np.concatenate([sh.label for sh in shards]).astype(np.int64)
-  nxt = np.concatenate([np.append(sh.mask[1:], 0) for sh in shards])
-  return choose_head_vocab(labels, nxt, vocab_size, size)
+  ids = np.concatenate([sh.ids for sh in shards]).astype(np.int64)
+  mask = np.concatenate([sh.mask for sh in shards])
+  return choose_head_vocab(ids, mask, vocab_size, size)
 
 
 def window_order(n_windows: int, seed: int, step: int, batch: int) -> np.ndarray:

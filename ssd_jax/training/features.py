@@ -6,8 +6,8 @@ gets a companion under `root/<corpus name>/`:
   shard_NNNNN.feats.npy   float16 [N, n_feat * d]: the target's residual stream after its feature layers at every
                           token of the shard (model.forward with feature_layers), each example run on its own (no
                           attention across examples), exactly as the target computes them when it decodes
-  shard_NNNNN.meta.npz    ids [N], mask [N] (1 = answer token), label [N] (the target's greedy next token at each
-                          position), starts [E] (where each example begins), feature_layers, target name
+  shard_NNNNN.meta.npz    ids [N], mask [N] (1 = answer token), starts [E] (where each example, or each piece of
+                          one longer than 1,024 tokens, begins), feature_layers, target name
 
 The meta file is written last, after an atomic rename of the features, so a shard with a meta file is complete and an
 interrupted run resumes at the first shard without one. Nothing here is committed: it is ~3.5 KB a token (8 GB for
@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import model
 from ..config import ModelConfig
+from ..kernels import causal_mask_info
 from ..kv_cache import KVCache
 
 START_ID = 1  # <|im_start|>: examples begin at one (train.example_starts)
@@ -35,11 +36,14 @@ _SHARD = re.compile(r"shard_(\d{5})\.npz")
 
 @functools.partial(jax.jit, static_argnames=("cfg", "feature_layers"))
 def target_features(params, tokens, cfg: ModelConfig, feature_layers: tuple):
-  """Returns (features float16 [B, T, n_feat * d], greedy next token [B, T] int32) of whole sequences [B, T]."""
+  """Returns the features float16 [B, T, n_feat * d] of whole sequences [B, T] (no LM head: the corpus's next
+  token is already the target's greedy choice at every answer position, which is all the draft is trained on)."""
   b, t = tokens.shape
   cache = KVCache.init(cfg, b, t, params["embed"].dtype)
-  logits, _, feats = model.forward_causal(params, tokens, cache, cfg, feature_layers=feature_layers)
-  return feats.astype(jnp.float16), jnp.argmax(logits, -1).astype(jnp.int32)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  _, _, feats = model.hidden_states(params, tokens, pos, cache, pos, causal_mask_info(pos), cfg,
+                                    feature_layers=feature_layers)
+  return feats.astype(jnp.float16)
 
 
 def corpus_shards(corpus_dir: str) -> list[tuple[int, str]]:
@@ -62,36 +66,33 @@ def example_pieces(ids: np.ndarray, mask: np.ndarray, max_len: int) -> list[tupl
 
 
 def _batches(pieces, bucket: int, tokens_per_batch: int):
-  """Yields (padded length, [piece indices]) with pieces of similar length together (longest first)."""
+  """Yields (padded length, rows, [piece indices]) with pieces of similar length together (longest first); rows is
+  a power of two, so a few compiled programs serve every shard with little padding."""
   order = sorted(range(len(pieces)), key=lambda i: -(pieces[i][1] - pieces[i][0]))
   i = 0
   while i < len(order):
     n = pieces[order[i]][1] - pieces[order[i]][0]
     t = -(-n // bucket) * bucket
-    rows = max(1, tokens_per_batch // t)
-    yield t, order[i:i + rows]
-    i += rows
+    members = order[i:i + max(1, tokens_per_batch // t)]
+    yield t, 1 << (len(members) - 1).bit_length(), members
+    i += len(members)
 
 
 def shard_features(params, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray, feature_layers: tuple,
                    max_len: int = 1024, bucket: int = 64, tokens_per_batch: int = 4096):
-  """Returns (features float16 [N, n_feat * d], labels int32 [N], starts [E]) for one shard's stream."""
+  """Returns (features float16 [N, n_feat * d], starts [E]) for one shard's stream."""
   pieces = example_pieces(ids, mask, max_len)
   feats = np.zeros((len(ids), len(feature_layers) * cfg.d_model), np.float16)
-  labels = np.zeros((len(ids),), np.int32)
-  for t, members in _batches(pieces, bucket, tokens_per_batch):
-    rows = max(1, tokens_per_batch // t)  # a fixed batch per length bucket: few compiled programs
+  for t, rows, members in _batches(pieces, bucket, tokens_per_batch):
     tok = np.zeros((rows, t), np.int32)
     for r, i in enumerate(members):
       lo, hi = pieces[i]
       tok[r, : hi - lo] = ids[lo:hi]
-    f, lab = target_features(params, jnp.asarray(tok), cfg, feature_layers)
-    f, lab = np.asarray(f), np.asarray(lab)
+    f = np.asarray(target_features(params, jnp.asarray(tok), cfg, feature_layers))
     for r, i in enumerate(members):
       lo, hi = pieces[i]
       feats[lo:hi] = f[r, : hi - lo]
-      labels[lo:hi] = lab[r, : hi - lo]
-  return feats, labels, np.asarray([p[0] for p in pieces], np.int64)
+  return feats, np.asarray([p[0] for p in pieces], np.int64)
 
 
 def feature_dir(root: str, corpus_dir: str) -> str:
@@ -117,7 +118,7 @@ def build(root: str, corpus_dirs, params, cfg: ModelConfig, feature_layers: tupl
   for c, n, path in todo:
     z = np.load(path)
     ids, mask = z["ids"], z["mask"]
-    feats, labels, starts = shard_features(params, cfg, ids, mask, feature_layers)
+    feats, starts = shard_features(params, cfg, ids, mask, feature_layers)
     if not np.isfinite(feats).all():
       raise FloatingPointError(f"non-finite target features in {path} (float16 overflow?)")
     out = feature_dir(root, c)
@@ -126,8 +127,7 @@ def build(root: str, corpus_dirs, params, cfg: ModelConfig, feature_layers: tupl
     np.save(tmp, feats)
     os.replace(tmp, os.path.join(out, f"shard_{n:05d}.feats.npy"))
     tmp = os.path.join(out, f"shard_{n:05d}.meta.tmp.npz")
-    np.savez(tmp, ids=ids, mask=mask, label=labels.astype(np.uint16 if cfg.vocab_size <= 65536 else np.int32),
-             starts=starts, feature_layers=np.asarray(feature_layers, np.int32), target=np.asarray(target_name))
+    np.savez(tmp, ids=ids, mask=mask, starts=starts, feature_layers=np.asarray(feature_layers, np.int32), target=np.asarray(target_name))
     os.replace(tmp, os.path.join(out, f"shard_{n:05d}.meta.npz"))
     done_tokens += len(ids)
     rate = done_tokens / (time.perf_counter() - t0)
