@@ -30,8 +30,8 @@ from .kv_cache import KVCache
 # XLA:CPU sends a product with a few rows (2..~16) through a GEMM that packs the whole weight matrix first, costing
 # 2-3x a one-row product although the weights come from memory either way; speculative verify (K+1 rows) then
 # costs several AR steps and speculation loses its premise. On CPU, products with up to ROWS_KERNEL_MAX rows go
-# through a small C++ kernel that streams each weight row once for all rows (kernels/rows_matmul.py); it also makes
-# a row's result independent of how many rows share the call. Accelerators never take this path.
+# through a small C++ kernel that streams each weight row once for all rows (ssd_jax/kernels/rows_matmul.py); it
+# also makes a row's result independent of how many rows share the call. Accelerators never take this path.
 ROWS_KERNEL_MAX = 16
 
 
@@ -163,7 +163,7 @@ def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskIn
   """Returns (logits, cache), or (logits, cache, features) when `feature_layers` is not empty.
 
   tokens, positions, write_slots: [B, T] int32 (RoPE position and cache slot of each new token); mask describes what
-  each query sees (see kernels/masked_attention.py). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
+  each query sees (ssd_jax/kernels/mask.py). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
   (prefill only needs the last position of each row), else [B, T, V_out]. The cache's lengths are not changed: the
   caller commits tokens by advancing lengths. features: [B, T, len(feature_layers) * d], the residual stream after
   those blocks at every new position (see `hidden_states`); the logits are the same with or without them.
