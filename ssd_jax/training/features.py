@@ -99,20 +99,24 @@ def feature_dir(root: str, corpus_dir: str) -> str:
   return os.path.join(root, os.path.basename(os.path.normpath(corpus_dir)))
 
 
-def missing_shards(root: str, corpus_dirs) -> list[tuple[str, int, str]]:
+def missing_shards(root: str, corpus_dirs, feature_layers=None) -> list[tuple[str, int, str]]:
   """Returns [(corpus dir, shard number, shard path)] whose features are not cached yet."""
   out = []
   for c in corpus_dirs:
     for n, path in corpus_shards(c):
-      if not os.path.exists(os.path.join(feature_dir(root, c), f"shard_{n:05d}.meta.npz")):
+      meta = os.path.join(feature_dir(root, c), f"shard_{n:05d}.meta.npz")
+      if not os.path.exists(meta):
         out.append((c, n, path))
+      elif feature_layers is not None and tuple(np.load(meta)["feature_layers"]) != tuple(feature_layers):
+        raise ValueError(f"{meta} holds features of target layers {tuple(np.load(meta)['feature_layers'])}, not "
+                         f"{tuple(feature_layers)}: use another --features-dir or delete it")
   return out
 
 
 def build(root: str, corpus_dirs, params, cfg: ModelConfig, feature_layers: tuple, target_name: str,
           log=print) -> int:
   """Computes the features of every shard not cached yet; returns the number of shards computed."""
-  todo = missing_shards(root, corpus_dirs)
+  todo = missing_shards(root, corpus_dirs, feature_layers)
   total = sum(len(np.load(p)["ids"]) for _, _, p in todo)
   done_tokens, t0 = 0, time.perf_counter()
   for c, n, path in todo:
