@@ -99,7 +99,7 @@ def default_feature_layers(n_layers: int) -> tuple:
   """
   if n_layers < 4:
     return tuple(range(n_layers))
-  return (1, n_layers // 2 - 1, n_layers - 1)
+  return tuple(sorted({1, n_layers // 2 - 1, n_layers - 1}))
 
 
 def config_for_target(target_cfg, head_vocab: int | None, name: str = "eagle-draft", ffn_dim: int | None = None

@@ -137,16 +137,16 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
   if any(not 0 <= i < cfg.n_layers for i in feature_layers):
     raise ValueError(f"feature_layers {feature_layers} must lie in [0, {cfg.n_layers})")
   x = params["embed"][embed_rows(params, tokens, cfg)]
-  ks, vs, feats = [], [], []
+  ks, vs, taken = [], [], {}
   for i, (lp, kc, vc) in enumerate(zip(params["layers"], cache.k, cache.v)):
     x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl)
     ks.append(kc)
     vs.append(vc)
     if i in feature_layers:
-      feats.append(x)
-  feats = [feats[sorted(feature_layers).index(i)] for i in feature_layers]  # in the order asked for
+      taken[i] = x
   x = rms_norm(x, params["final_norm"], cfg.rms_eps)
-  return x, cache.replace(k=ks, v=vs), (jnp.concatenate(feats, axis=-1) if feats else None)
+  feats = jnp.concatenate([taken[i] for i in feature_layers], axis=-1) if feature_layers else None
+  return x, cache.replace(k=ks, v=vs), feats
 
 
 def lm_head(params, x, cfg: ModelConfig):
