@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from ssd_jax.kernels import masked_attention as attn  # noqa: E402
+from ssd_jax.kernels import masked_attention as attn
 
 # Spec-sheet HBM bandwidth (GB/s) by device-kind substring, most specific first; --peak-gbps overrides.
 PEAK_GBPS = [("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100", 3350.0), ("A100-SXM4-80GB", 2039.0),

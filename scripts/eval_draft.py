@@ -64,6 +64,10 @@ def main(argv=None):
   tcfg, tparams = pipe.target.cfg, pipe.target.params
   if dcfg.vocab_size != tcfg.vocab_size:
     fail("draft and target vocabularies differ")
+  is_eagle = getattr(dcfg, "kind", None) == "eagle"
+  if is_eagle:
+    from ssd_jax import eagle
+    dparams = eagle.attach_target(dparams, tparams)
 
   @jax.jit
   def stats(tp, dp, tokens):
@@ -85,12 +89,14 @@ def main(argv=None):
         cached = json.load(f)
     except (OSError, ValueError) as e:
       fail(f"cannot read --answers {args.answers}: {e}")
-  from ssd_jax.step_cost import compiled_step, interleaved_ms, macs_per_token
-  step_ms = interleaved_ms({"target": compiled_step(tcfg, tparams), "draft": compiled_step(dcfg, dparams)})
+  from ssd_jax.step_cost import compiled_eagle_step, compiled_step, interleaved_ms, macs_per_token
+  draft_step = compiled_eagle_step(dcfg, dparams) if is_eagle else compiled_step(dcfg, dparams)
+  step_ms = interleaved_ms({"target": compiled_step(tcfg, tparams), "draft": draft_step})
+  d_macs = eagle.macs_per_token(dcfg, fused=False) if is_eagle else macs_per_token(dcfg)
   cost = {"target_step_ms": step_ms["target"], "draft_step_ms": step_ms["draft"],
           "draft_over_target_time": step_ms["draft"] / step_ms["target"],
-          "target_macs_per_token": macs_per_token(tcfg), "draft_macs_per_token": macs_per_token(dcfg),
-          "draft_over_target_macs": macs_per_token(dcfg) / macs_per_token(tcfg)}
+          "target_macs_per_token": macs_per_token(tcfg), "draft_macs_per_token": d_macs,
+          "draft_over_target_macs": d_macs / macs_per_token(tcfg)}
 
   def replay(answer_ranks):
     return {k: {**acceptance.summarize([acceptance.replay_greedy_rounds(r, k, f) for r in answer_ranks], k),
@@ -110,6 +116,13 @@ def main(argv=None):
       if args.answers:
         with open(args.answers, "w") as f:
           json.dump(cached, f)
+    if is_eagle:
+      report[name] = eagle_set_report(pipe, tparams, tcfg, dparams, dcfg, prompts, answers, fan_outs)
+      r = report[name]
+      print(f"[eval] {name}: greedy agreement by depth {r['agreement_by_depth'][:4]}, SSD replay K=2 per-token "
+            f"acceptance {r['replayed_ssd'][2]['per_token_acceptance']:.3f} over {r['positions']} positions",
+            file=sys.stderr, flush=True)
+      continue
     g_all, s_all, r_all = [], [], []
     for p, answer in zip(prompts, answers):
       prompt_ids = pipe.encode_prompt(p)
@@ -133,6 +146,8 @@ def main(argv=None):
     print(f"[eval] {name}: greedy alpha {a0:.3f}, T=1 alpha {a1:.3f} over {report[name]['positions']} positions",
           file=sys.stderr, flush=True)
   names = list(report)
+  if is_eagle:
+    return print_eagle(report, names, cost, args, fan_outs)
   mean0 = float(np.mean([report[n]["alpha_greedy"] for n in names]))
   mean1 = float(np.mean([report[n]["alpha_t1"] for n in names]))
   pooled = {"replayed_greedy": replay(pooled_ranks)}
@@ -159,6 +174,76 @@ def main(argv=None):
       json.dump({"args": vars(args), "sets": report, "mean_alpha_greedy": mean0, "mean_alpha_t1": mean1,
                  "pooled_replayed_greedy": pooled["replayed_greedy"], "cost": cost}, f, indent=1)
   return 0
+
+
+EAGLE_DEPTH = 9  # rollout depths 0..8: SD replays up to K=8, SSD replays up to K=4 (depths up to 2K)
+SSD_KS = (1, 2, 3, 4)
+
+
+def eagle_set_report(pipe, tparams, tcfg, dparams, dcfg, prompts, answers, fan_outs) -> dict:
+  """Returns an EAGLE draft's figures on one prompt set: agreement and T=1 acceptance by rollout depth, replayed
+  greedy SD (K = 1..8) and SSD (K = 1..4) rounds."""
+  import numpy as np
+
+  from ssd_jax import acceptance
+  from ssd_jax.training.eagle_eval import answer_stats
+  r_top = max(max(f) for f in fan_outs.values()) + 1
+  tops, t1s, targets = [], [], []
+  for p, answer in zip(prompts, answers):
+    top, t1, _ = answer_stats(tparams, tcfg, dparams, dcfg, pipe.encode_prompt(p), answer, EAGLE_DEPTH, r_top)
+    tops.append(top)
+    t1s.append(t1)
+    targets.append(np.asarray(answer))
+  agree = [float(np.mean(np.concatenate([t[j, :, 0] == y for t, y in zip(tops, targets)])))
+           for j in range(EAGLE_DEPTH)]
+  t1 = [float(np.mean(np.concatenate([x[j] for x in t1s]))) for j in range(EAGLE_DEPTH)]
+  sd = {k: acceptance.summarize([acceptance.replay_eagle_rounds(t, y, k) for t, y in zip(tops, targets)], k)
+        for k in range(1, 9)}
+  ssd = {k: dict(acceptance.summarize([acceptance.replay_eagle_rounds(t, y, k, fan_outs[k])
+                                       for t, y in zip(tops, targets)], k), fan_out=list(fan_outs[k]))
+         for k in SSD_KS}
+  return {"positions": int(sum(len(y) for y in targets)), "agreement_by_depth": [round(a, 4) for a in agree],
+          "t1_acceptance_by_depth": [round(a, 4) for a in t1], "replayed_sd": sd, "replayed_ssd": ssd}
+
+
+def print_eagle(report, names, cost, args, fan_outs) -> int:
+  import numpy as np
+  print("\n| set | greedy agreement, depth 0 (fresh target features) / 1 / 2 / 3 / 4 | T=1 depth 0 / 1 | "
+        "SD K=2: tokens/fwd, per-token acc. | SD K=4 | SSD K=1: tokens/fwd, acc., hit rate | SSD K=2 | SSD K=3 |")
+  print("|---|---|---|---|---|---|---|---|")
+  rows = list(names) + ["mean"]
+  mean = {"agreement_by_depth": np.mean([report[n]["agreement_by_depth"] for n in names], 0),
+          "t1_acceptance_by_depth": np.mean([report[n]["t1_acceptance_by_depth"] for n in names], 0),
+          "replayed_sd": {k: {m: float(np.mean([report[n]["replayed_sd"][k][m] for n in names]))
+                              for m in ("tokens_per_forward", "per_token_acceptance")} for k in range(1, 9)},
+          "replayed_ssd": {k: {m: float(np.mean([report[n]["replayed_ssd"][k][m] for n in names]))
+                               for m in ("tokens_per_forward", "per_token_acceptance", "cache_hit_rate")}
+                           for k in SSD_KS}}
+  for n in rows:
+    r = mean if n == "mean" else report[n]
+    a, t = r["agreement_by_depth"], r["t1_acceptance_by_depth"]
+    sd = lambda k: f"{r['replayed_sd'][k]['tokens_per_forward']:.2f}, {r['replayed_sd'][k]['per_token_acceptance']:.3f}"  # noqa: E731
+    ssd = lambda k: (f"{r['replayed_ssd'][k]['tokens_per_forward']:.2f}, "  # noqa: E731
+                     f"{r['replayed_ssd'][k]['per_token_acceptance']:.3f}, {r['replayed_ssd'][k]['cache_hit_rate']:.2f}")
+    print(f"| {n} | {' / '.join(f'{x:.3f}' for x in a[:5])} | {t[0]:.3f} / {t[1]:.3f} | {sd(2)} | {sd(4)} | "
+          f"{ssd(1)} | {ssd(2)} | {ssd(3)} |")
+  print(f"\nSSD fan-out: {', '.join(f'K={k}: {list(fan_outs[k])}' for k in SSD_KS)}")
+  print(f"cost per token: draft {cost['draft_step_ms']:.2f} ms / target {cost['target_step_ms']:.2f} ms = "
+        f"{cost['draft_over_target_time']:.3f}x (multiply-accumulates {cost['draft_over_target_macs']:.3f}x)")
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump({"args": vars(args), "kind": "eagle", "sets": report, "mean": jsonable(mean), "cost": cost}, f,
+                indent=1)
+  return 0
+
+
+def jsonable(x):
+  import numpy as np
+  if isinstance(x, dict):
+    return {str(k): jsonable(v) for k, v in x.items()}
+  if isinstance(x, (np.ndarray, list, tuple)):
+    return [jsonable(v) for v in x]
+  return float(x) if isinstance(x, (np.floating, float)) else x
 
 
 if __name__ == "__main__":

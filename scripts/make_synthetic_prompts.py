@@ -16,9 +16,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ssd_jax.cli_util import fail, run_main  # noqa: E402
+from ssd_jax.cli_util import fail, run_main
 
 
 def parse_args(argv=None):

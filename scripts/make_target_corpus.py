@@ -26,9 +26,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ssd_jax.cli_util import fail, run_main  # noqa: E402
+from ssd_jax.cli_util import fail, run_main
 
 
 def parse_args(argv=None):

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ssd_jax.cli_util import fail, run_main, split_cpu  # noqa: E402
+from ssd_jax.cli_util import fail, run_main, split_cpu
 
 
 def main(argv=None):

@@ -30,9 +30,7 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ssd_jax.cli_util import fail, run_main  # noqa: E402
+from ssd_jax.cli_util import fail, run_main
 
 DRAFT_RECIPE = dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, head_vocab=16384)
 TINY_RECIPE = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, ffn_dim=64, head_vocab=512)

@@ -55,7 +55,52 @@ def replay_greedy_rounds(ranks: Sequence[int], k: int, fan_out: Sequence[int] | 
 def summarize(counts: Sequence[dict], k: int) -> dict:
   """Adds up replay_greedy_rounds over answers: tokens per target forward, acceptance per drafted token, hit rate."""
   tot = {key: sum(c[key] for c in counts) for key in ("tokens", "rounds", "accepted", "hits", "hit_chances")}
-  return {"tokens_per_forward": tot["tokens"] / tot["rounds"] if tot["rounds"] else 0.0,
+  out = {}
+  if all("tried" in c for c in counts):  # per drafted token the verifier reached: the i.i.d. model's alpha
+    tried = sum(c["tried"] for c in counts)
+    out["per_token_acceptance"] = tot["accepted"] / tried if tried else 0.0
+  return {**out, "tokens_per_forward": tot["tokens"] / tot["rounds"] if tot["rounds"] else 0.0,
           "acceptance": tot["accepted"] / (k * tot["rounds"]) if tot["rounds"] else 0.0,
           "cache_hit_rate": tot["hits"] / tot["hit_chances"] if tot["hit_chances"] else None,
           "rounds": tot["rounds"]}
+
+
+def replay_eagle_rounds(top, target, k: int, fan_out: Sequence[int] | None = None) -> dict:
+  """Replays greedy rounds of an EAGLE draft over one answer; returns replay_greedy_rounds' counts plus "tried".
+
+  top [J, n, R]: the draft's R most likely tokens (best first) for answer token i at rollout depth j (predicting it
+  with target features up to j+1 positions before it: ssd_jax/training/eagle_train.rollout_logits); target [n]: the
+  target's tokens. A round's first drafted token is predicted at depth d0 and its m-th at d0 + m:
+  - SD (`fan_out` None): d0 = 0: the verify that ended the last round gave features up to the bonus token's
+    predecessor, and the draft catches up on them before it drafts;
+  - SSD: the speculation served after a cache hit was pre-drafted while the last round was verified, from its
+    outcome (j accepted, bonus) with features only up to that round's first position: d0 = j + 1. The cache held
+    it when the bonus is among the fork's candidates: the top F_j of the glue at depth j (the draft's pass over the
+    verified speculation), without the drafted token when j < K. After a miss the neural backup drafts just in time,
+    once the verify's features are in: d0 = 0. J must exceed 2K (the deepest first-token depth K+1, plus K-1).
+  """
+  top, target = np.asarray(top), np.asarray(target)
+  n = int(target.size)
+  if fan_out is not None and top.shape[0] < 2 * k + 1:
+    raise ValueError(f"an SSD replay at K={k} needs depths 0..{2 * k}, got {top.shape[0]}")
+  i = d0 = rounds = accepted = tried = hits = chances = 0
+  while i < n:
+    j = 0
+    while j < k and i + j < n and top[d0 + j, i + j, 0] == target[i + j]:
+      j += 1
+    rounds += 1
+    accepted += j
+    tried += min(j + 1, k, n - i)
+    if i + j >= n:
+      break
+    nxt = i + j + 1
+    if fan_out is not None:
+      drafted = top[d0 + j, i + j, 0] if j < k else -1
+      cands = [t for t in top[j, i + j] if t != drafted][: fan_out[j]]
+      hit = target[i + j] in cands
+      if nxt < n:
+        chances += 1
+        hits += int(hit)
+      d0 = j + 1 if hit else 0
+    i = nxt
+  return {"tokens": n, "rounds": rounds, "accepted": accepted, "tried": tried, "hits": hits, "hit_chances": chances}

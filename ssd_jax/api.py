@@ -6,7 +6,7 @@
     print(outs[0].text, outs[0].stats)
 
 Attention: `load(..., attn_impl=...)` picks how every attention (prefill, verify, glue, tree) runs
-(kernels/masked_attention.py): "auto" (the default) is the C++ CPU kernel on a CPU and the pure-jnp reference
+(ssd_jax/kernels/masked_attention/): "auto" (the default) is the C++ CPU kernel on a CPU and the pure-jnp reference
 elsewhere; "ref" the reference everywhere; "cpu" the CPU kernel; "pallas" the Pallas kernels (Triton on GPU, Mosaic
 on TPU, interpret mode on CPU: slow, same tokens).
 """

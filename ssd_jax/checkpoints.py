@@ -153,16 +153,26 @@ def read_hf_safetensors(directory: str, progress: bool = True):
 
 # ------------------------------------------------------------------------------------------------------------ Orbax
 
-def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, extra: dict | None = None) -> None:
-  """Writes config.json, params/ (Orbax) and optionally tokenizer.json and extra.json into `directory`."""
+def save_checkpoint(directory: str, cfg, params, tokenizer=None, extra: dict | None = None,
+                    storage_dtype: str | None = None) -> None:
+  """Writes config.json, params/ (Orbax) and optionally tokenizer.json and extra.json into `directory`.
+
+  storage_dtype ('bfloat16', 'float16'): floating arrays are stored in that precision (a draft's exactness does not
+  depend on it: the verifier uses the distribution the draft computes, whatever its weights); loading gives float32.
+  """
   import jax
   import orbax.checkpoint as ocp
 
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   params_dir = os.path.join(directory, "params")
+  to_np = np.asarray
+  if storage_dtype is not None:
+    import ml_dtypes
+    dt = np.dtype(getattr(ml_dtypes, storage_dtype, storage_dtype))
+    to_np = lambda x: np.asarray(x).astype(dt) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x)  # noqa: E731
   ckptr = ocp.StandardCheckpointer()
-  ckptr.save(params_dir, jax.tree.map(np.asarray, params), force=True)
+  ckptr.save(params_dir, jax.tree.map(to_np, params), force=True)
   ckptr.wait_until_finished()
   with open(os.path.join(directory, "config.json"), "w") as f:
     f.write(cfg.to_json())
@@ -173,27 +183,63 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, ex
       json.dump(extra, f, indent=1, sort_keys=True)
 
 
-def load_checkpoint(directory: str):
-  """Returns (ModelConfig, params as jax arrays on the default device) from a directory written by save_checkpoint."""
-  import jax
-  import orbax.checkpoint as ocp
+def read_config(directory: str):
+  """Returns the ModelConfig or, for an EAGLE draft (`"kind": "eagle"`), the EagleConfig of a checkpoint."""
+  with open(os.path.join(directory, "config.json")) as f:
+    d = json.load(f)
+  if d.get("kind") == "eagle":
+    from .eagle import EagleConfig
+    return EagleConfig.from_dict(d)
+  d.pop("kind", None)
+  return ModelConfig.from_dict(d)
 
-  from .model import check_params, init_params
+
+def _abstract_params(cfg):
+  """Returns the params' shapes for a config (an EAGLE draft's without the parts it takes from the target)."""
+  import jax
+  import numpy as np_
+
+  if getattr(cfg, "kind", None) == "eagle":
+    from . import eagle
+    dummy = {"embed": jax.ShapeDtypeStruct((cfg.vocab_size, cfg.d_model), np_.float32),
+             "final_norm": jax.ShapeDtypeStruct((cfg.d_model,), np_.float32)}
+    return jax.eval_shape(lambda t: eagle.detach_target(eagle.init_params(jax.random.key(0), cfg, t,
+                                                                           np_.arange(cfg.out_vocab))), dummy)
+  from .model import init_params
+  return jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+
+
+def load_checkpoint(directory: str):
+  """Returns (config, params as float32 jax arrays on the default device) from a directory written by
+  save_checkpoint. An EAGLE draft's params come without the target's parts (eagle.attach_target adds them)."""
+  import jax
+  import jax.numpy as jnp
+  import orbax.checkpoint as ocp
 
   directory = os.path.abspath(directory)
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path) or not os.path.isdir(os.path.join(directory, "params")):
     raise CheckpointError(f"{directory} is not an ssd-jax checkpoint (needs config.json and params/)")
   try:
-    with open(cfg_path) as f:
-      cfg = ModelConfig.from_json(f.read())
-    abstract = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
-    params = ocp.StandardCheckpointer().restore(os.path.join(directory, "params"), abstract)
+    cfg = read_config(directory)
+    abstract = _abstract_params(cfg)
+    ckptr = ocp.StandardCheckpointer()
+    stored = ckptr.metadata(os.path.join(directory, "params"))
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)
+    # Restore in the stored dtype (16-bit drafts), then widen floating arrays to float32 for compute.
+    abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
+                            stored)
+    params = ckptr.restore(os.path.join(directory, "params"), abstract)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                          params)
   except CheckpointError:
     raise
   except Exception as e:
     raise CheckpointError(f"cannot read checkpoint {directory}: {type(e).__name__}: {str(e)[:300]}") from e
-  check_params(params, cfg)
+  if getattr(cfg, "kind", None) != "eagle":
+    from .model import check_params
+    check_params(params, cfg)
   # Orbax may hand back host numpy arrays; put them on the device once, or every jitted call would copy them.
   return cfg, jax.device_put(params)
 

@@ -30,8 +30,8 @@ from .kv_cache import KVCache
 # XLA:CPU sends a product with a few rows (2..~16) through a GEMM that packs the whole weight matrix first, costing
 # 2-3x a one-row product although the weights come from memory either way; speculative verify (K+1 rows) then
 # costs several AR steps and speculation loses its premise. On CPU, products with up to ROWS_KERNEL_MAX rows go
-# through a small C++ kernel that streams each weight row once for all rows (kernels/rows_matmul.py); it also makes
-# a row's result independent of how many rows share the call. Accelerators never take this path.
+# through a small C++ kernel that streams each weight row once for all rows (ssd_jax/kernels/rows_matmul.py); it
+# also makes a row's result independent of how many rows share the call. Accelerators never take this path.
 ROWS_KERNEL_MAX = 16
 
 
@@ -127,16 +127,26 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
 
 
 def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
-                  attn_impl: str = "auto"):
-  """Returns (final-normed hidden states [B, T, d], cache with new K/V written; lengths unchanged)."""
+                  attn_impl: str = "auto", feature_layers: tuple = ()):
+  """Returns (final-normed hidden states [B, T, d], cache with new K/V written; lengths unchanged, features).
+
+  features: the residual stream after each block in `feature_layers` (0-based block indices, static), concatenated
+  on the last axis, [B, T, len(feature_layers) * d] (logical axes `sharding.FEATURE_AXES`): what an EAGLE draft
+  reads (ssd_jax/eagle.py). None when `feature_layers` is empty. Taking them costs no second pass.
+  """
+  if any(not 0 <= i < cfg.n_layers for i in feature_layers):
+    raise ValueError(f"feature_layers {feature_layers} must lie in [0, {cfg.n_layers})")
   x = params["embed"][embed_rows(params, tokens, cfg)]
-  ks, vs = [], []
-  for lp, kc, vc in zip(params["layers"], cache.k, cache.v):
+  ks, vs, taken = [], [], {}
+  for i, (lp, kc, vc) in enumerate(zip(params["layers"], cache.k, cache.v)):
     x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl)
     ks.append(kc)
     vs.append(vc)
+    if i in feature_layers:
+      taken[i] = x
   x = rms_norm(x, params["final_norm"], cfg.rms_eps)
-  return x, cache.replace(k=ks, v=vs)
+  feats = jnp.concatenate([taken[i] for i in feature_layers], axis=-1) if feature_layers else None
+  return x, cache.replace(k=ks, v=vs), feats
 
 
 def lm_head(params, x, cfg: ModelConfig):
@@ -149,25 +159,30 @@ def lm_head(params, x, cfg: ModelConfig):
 
 
 def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
-            logit_index=None, attn_impl: str = "auto"):
-  """Returns (logits, cache).
+            logit_index=None, attn_impl: str = "auto", feature_layers: tuple = ()):
+  """Returns (logits, cache), or (logits, cache, features) when `feature_layers` is not empty.
 
   tokens, positions, write_slots: [B, T] int32 (RoPE position and cache slot of each new token); mask describes what
-  each query sees (see kernels/masked_attention.py). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
+  each query sees (ssd_jax/kernels/mask.py). logit_index: optional [B, R] indices into T; logits are then [B, R, V_out]
   (prefill only needs the last position of each row), else [B, T, V_out]. The cache's lengths are not changed: the
-  caller commits tokens by advancing lengths.
+  caller commits tokens by advancing lengths. features: [B, T, len(feature_layers) * d], the residual stream after
+  those blocks at every new position (see `hidden_states`); the logits are the same with or without them.
   """
-  x, cache = hidden_states(params, tokens, positions, cache, write_slots, mask, cfg, attn_impl)
+  x, cache, feats = hidden_states(params, tokens, positions, cache, write_slots, mask, cfg, attn_impl, feature_layers)
   if logit_index is not None:
     x = jnp.take_along_axis(x, logit_index[:, :, None], axis=1)
-  return lm_head(params, x, cfg), cache
+  logits = lm_head(params, x, cfg)
+  return (logits, cache) if not feature_layers else (logits, cache, feats)
 
 
-def forward_causal(params, tokens, cache: KVCache, cfg: ModelConfig, logit_index=None, attn_impl: str = "auto"):
-  """Returns (logits, cache) for tokens appended at each row's length (causal among themselves; lengths unchanged)."""
+def forward_causal(params, tokens, cache: KVCache, cfg: ModelConfig, logit_index=None, attn_impl: str = "auto",
+                   feature_layers: tuple = ()):
+  """Returns (logits, cache[, features]) for tokens appended at each row's length (causal among themselves; lengths
+  unchanged); features as in `forward`."""
   t = tokens.shape[1]
   slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  return forward(params, tokens, slots, cache, slots, causal_mask_info(slots), cfg, logit_index, attn_impl)
+  return forward(params, tokens, slots, cache, slots, causal_mask_info(slots), cfg, logit_index, attn_impl,
+                 feature_layers)
 
 
 def forward_full(params, tokens, cfg: ModelConfig):

@@ -39,6 +39,7 @@ TOKEN_TABLE = "token_table"  # head_ids / vocab_map gather tables
 BATCH, SEQ, HEAD_DIM = "batch", "seq", "head_dim"
 
 CACHE_AXES = (BATCH, SEQ, KV_HEADS, HEAD_DIM)  # one layer's K or V cache [B, S, G, D]
+FEATURE_AXES = (BATCH, SEQ, EMBED)  # target features for an EAGLE draft [B, T, n_layers * d] (model.forward)
 
 
 def param_axes(cfg: ModelConfig) -> dict:

@@ -54,3 +54,30 @@ def macs_per_token(cfg: ModelConfig) -> int:
   ffn = 3 * d * cfg.ffn_dim
   head = d * (cfg.head_vocab or cfg.vocab_size)
   return cfg.n_layers * (attn + ffn) + head
+
+
+def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512):
+  """Returns run() -> seconds of one EAGLE draft step (one token reading its own last hidden state) after `prefix`
+  cached positions, warmed up: the draft's per-token cost when it drafts (ssd_jax/eagle.py)."""
+  from . import eagle
+  from .kernels import causal_mask_info
+
+  @jax.jit
+  def step(params, cache, tok, h):
+    s = cache.lengths[:, None]
+    logits, h, cache = eagle.forward(params, tok, h, s, cache, s, causal_mask_info(s), cfg)
+    return logits, h, cache
+
+  state = {"cache": KVCache.init(cfg, 1, cache_len).replace(lengths=jnp.asarray([prefix], jnp.int32))}
+  tok, h = jnp.ones((1, 1), jnp.int32), jnp.ones((1, 1, cfg.d_model), jnp.float32)
+  exe = step.lower(params, state["cache"], tok, h).compile()
+
+  def run() -> float:
+    t0 = time.perf_counter()
+    logits, _, state["cache"] = exe(params, state["cache"], tok, h)
+    logits.block_until_ready()
+    return time.perf_counter() - t0
+
+  for _ in range(3):
+    run()
+  return run

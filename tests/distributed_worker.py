@@ -11,12 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ssd_jax import distributed  # noqa: E402  (no JAX import yet: the CPU is split first)
-from ssd_jax.cli_util import run_main, split_cpu  # noqa: E402
+from ssd_jax import distributed  # no JAX import yet: the CPU is split first
+from ssd_jax.cli_util import run_main, split_cpu
 
 MAX_NEW = 12
 

@@ -1,4 +1,4 @@
-"""Builds and registers the project's C++ XLA:CPU FFI kernels (kernels/cpu/*.cc).
+"""Builds and registers the project's C++ XLA:CPU FFI kernels (ssd_jax/kernels/cpu/*.cc).
 
 Each kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU) under
 ~/.cache/ssd-jax/kernels. Where that is impossible (no compiler, another platform, SSD_JAX_NO_CPU_KERNELS set)
@@ -58,7 +58,7 @@ def _switched_off() -> str | None:
 
 
 def available(name: str, targets: dict[str, str]) -> bool:
-  """Returns whether kernels/cpu/{name}.cc is usable, compiling it and registering `targets` ({XLA target name:
+  """Returns whether ssd_jax/kernels/cpu/{name}.cc is usable, compiling it and registering `targets` ({XLA target name:
   exported symbol}) on the first call."""
   if name in _STATE:
     return _STATE[name]

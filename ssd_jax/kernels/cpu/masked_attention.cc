@@ -3,7 +3,7 @@
 // The jnp reference scores every query against every cache slot, builds a dense [T, S] mask and runs a softmax
 // over all of it: at decode (one query, a few hundred visible slots of a cache of S) that is most of the work, and
 // on the 2-core CPU it measured about a quarter of the target's whole AR step. This kernel walks, per query, the
-// slots < visible_end and then its own tree branch's slots (kernels/masked_attention.py describes the metadata),
+// slots < visible_end and then its own tree branch's slots (ssd_jax/kernels/mask.py describes the metadata),
 // with an online softmax, so the cost follows the visible length, not the cache's size. The query heads that share
 // a KV head are handled together, so each key and value row is read once per group.
 //

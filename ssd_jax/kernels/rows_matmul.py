@@ -1,6 +1,6 @@
-"""Few-row matrix products on XLA:CPU through a small C++ FFI kernel (kernels/cpu/rows_matmul.cc).
+"""Few-row matrix products on XLA:CPU through a small C++ FFI kernel (ssd_jax/kernels/cpu/rows_matmul.cc).
 
-The kernel is compiled on first use (kernels/cpu_ffi.py). Where that is impossible (no compiler, another platform)
+The kernel is compiled on first use (cpu_ffi.py). Where that is impossible (no compiler, another platform)
 `available()` is False and callers use plain jnp products. `ref_rows_matmul` is the reference.
 """
 from __future__ import annotations

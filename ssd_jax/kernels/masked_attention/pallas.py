@@ -1,22 +1,10 @@
-"""Masked attention over a KV cache, described by compact per-query metadata.
+"""Masked attention by Pallas flash-decoding kernels that rebuild the mask per key block from the metadata.
 
-One descriptor serves every use in the project:
-  * prefill / AR decode / verify: query t of row b sees cache slots `< visible_end[b, t]` (causal with an offset);
-  * tree drafting: additionally, each query belongs to branch `tree_branch[b, t]` at depth `tree_depth[b, t]` and sees
-    its own branch's scratch slots `tree_start[b] + d * tree_width + branch` for `d <= depth` (step-major layout).
-A dense `[T, S]` mask is only ever built by the reference implementation.
-
-Implementations (`attention(..., impl=...)`):
-  * 'auto' (default): 'cpu' on a CPU backend for float32 inputs when the kernel builds, else 'ref'.
-  * 'ref': the pure-jnp oracle below (float32 scores over the whole cache).
-  * 'cpu': a C++ XLA:CPU kernel (kernels/cpu/masked_attention.cc) that walks only the slots each query sees, with an
-    online softmax: at decode it costs the visible prefix, not the whole cache and a dense mask.
-  * 'pallas': flash-decoding kernels that rebuild the mask per key block from the metadata. On GPU (Triton lowering)
-    each program owns one KV head, one block of query rows (all T queries times the H/G query heads that share that
-    KV head, so a key block is read once per group) and one split of the cache; the splits' partial softmaxes are
-    merged by log-sum-exp afterwards. On TPU (Mosaic) each program owns one block of query rows for all KV heads and
-    walks the cache block by block along a sequential grid axis, merging into VMEM scratch. Both stop reading at the
-    last slot any of their rows can see. On CPU the GPU kernel runs in interpret mode (slow; for tests and checks).
+On GPU (Triton lowering) each program owns one KV head, one block of query rows (all T queries times the H/G query
+heads that share that KV head, so a key block is read once per group) and one split of the cache; the splits' partial
+softmaxes are merged by log-sum-exp afterwards. On TPU (Mosaic) each program owns one block of query rows for all KV
+heads and walks the cache block by block along a sequential grid axis, merging into VMEM scratch. Both stop reading at
+the last slot any of their rows can see. On CPU the GPU kernel runs in interpret mode (slow; for tests and checks).
 """
 from __future__ import annotations
 
@@ -24,88 +12,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import struct
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import cpu_ffi
+from ..mask import MaskInfo
 
-IMPLS = ("auto", "ref", "cpu", "pallas")
 _NEG = -1e30  # finite "minus infinity": exp(_NEG - _NEG) is 1, not NaN, so masked terms are zeroed explicitly
-
-
-@struct.dataclass
-class MaskInfo:
-  visible_end: jax.Array   # [B, T] int32: slots s < visible_end are visible to query t
-  tree_start: jax.Array    # [B] int32: first scratch slot of the branch region (unused when tree_width == 0)
-  tree_branch: jax.Array   # [B, T] int32: branch index of query t in [0, tree_width)
-  tree_depth: jax.Array    # [B, T] int32: depth of query t; -1 means the query sees no scratch slots
-  tree_width: int = struct.field(pytree_node=False, default=0)  # branches per row (static)
-
-
-def causal_mask_info(write_slots: jax.Array) -> MaskInfo:
-  """Returns the causal descriptor for tokens written at `write_slots` [B, T]: each sees every slot up to its own."""
-  b, t = write_slots.shape
-  neg = jnp.full((b, t), -1, jnp.int32)
-  return MaskInfo(visible_end=(write_slots + 1).astype(jnp.int32), tree_start=jnp.zeros((b,), jnp.int32),
-                  tree_branch=jnp.zeros((b, t), jnp.int32), tree_depth=neg, tree_width=0)
-
-
-def visible_mask(mask: MaskInfo, num_slots: int) -> jax.Array:
-  """Returns the dense boolean mask [B, T, S] that `mask` describes (reference and tests only)."""
-  s = jnp.arange(num_slots, dtype=jnp.int32)[None, None, :]
-  vis = s < mask.visible_end[:, :, None]
-  if mask.tree_width > 0:
-    rel = s - mask.tree_start[:, None, None]
-    in_tree = rel >= 0
-    own = (rel % mask.tree_width) == mask.tree_branch[:, :, None]
-    shallow = (rel // mask.tree_width) <= mask.tree_depth[:, :, None]
-    vis = vis | (in_tree & own & shallow)
-  return vis
-
-
-def ref_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, k_new: jax.Array | None = None,
-                  v_new: jax.Array | None = None, new_slots: jax.Array | None = None) -> jax.Array:
-  """Returns softmax(q k^T / sqrt(D)) v under `mask`, shape [B, T, H, D].
-
-  q: [B, T, H, D]; k, v: [B, S, G, D], the cache before this call, with H a multiple of G (grouped-query attention).
-  k_new, v_new: [B, T, G, D], the keys/values of this call's tokens, which belong at cache slots `new_slots` [B, T]
-  but have not been written yet (so the cache is only read here, and written once per forward by the caller). Cache
-  slots that this call overwrites are hidden. Computed in float32.
-  """
-  b, t, h, d = q.shape
-  g = k.shape[2]
-  qg = q.reshape(b, t, g, h // g, d).astype(jnp.float32) * (d ** -0.5)
-  scores = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32))
-  vis = visible_mask(mask, k.shape[1])
-  if k_new is not None:
-    stale = (jnp.arange(k.shape[1])[None, None, :] == new_slots[:, :, None]).any(1)  # [B, S]
-    vis = vis & ~stale[:, None, :]
-    vis_new = _visible_at(mask, new_slots)  # [B, T, T]
-    scores = jnp.concatenate([scores, jnp.einsum("btgrd,bsgd->bgrts", qg, k_new.astype(jnp.float32))], -1)
-    vis = jnp.concatenate([vis, vis_new], -1)
-    v = jnp.concatenate([v, v_new.astype(v.dtype)], 1)
-  vis = vis[:, None, None, :, :]
-  scores = jnp.where(vis, scores, -1e30)
-  probs = jax.nn.softmax(scores, axis=-1)
-  # A query with no visible key (padding) gets uniform weights over garbage; zero it so it stays finite and inert.
-  probs = jnp.where(vis.any(-1, keepdims=True), probs, 0.0)
-  out = jnp.einsum("bgrts,bsgd->btgrd", probs, v.astype(jnp.float32))
-  return out.reshape(b, t, h, d).astype(q.dtype)
-
-
-def _visible_at(mask: MaskInfo, slots: jax.Array) -> jax.Array:
-  """Returns [B, T, U]: whether query t sees a key stored at slot `slots[b, u]`."""
-  s = slots[:, None, :]
-  vis = s < mask.visible_end[:, :, None]
-  if mask.tree_width > 0:
-    rel = s - mask.tree_start[:, None, None]
-    vis = vis | ((rel >= 0) & ((rel % mask.tree_width) == mask.tree_branch[:, :, None])
-                 & ((rel // mask.tree_width) <= mask.tree_depth[:, :, None]))
-  return vis
 
 
 def _row_bounds(mask: MaskInfo, heads_per_group: int, num_slots: int, rows_padded: int):
@@ -351,116 +263,3 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
     )(kv_end, qg, vis_end, lo, hi, k2, v2)
   out = out[:, :, :rows, :d].reshape(b, g, t, r, d).transpose(0, 2, 1, 3, 4)
   return out.reshape(b, t, h, d).astype(q.dtype)
-
-
-_CPU_TARGETS = {"ssd_masked_attention": "SsdMaskedAttention"}
-
-
-def cpu_attention_available() -> bool:
-  """Returns whether the C++ CPU kernel (kernels/cpu/masked_attention.cc) is usable, building it on first call."""
-  return cpu_ffi.available("masked_attention", _CPU_TARGETS)
-
-
-def _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width: int):
-  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-  return jax.ffi.ffi_call("ssd_masked_attention", out)(q, k, v, vis_end, tree_start, tree_branch, tree_depth,
-                                                      tree_width=np.int64(tree_width))
-
-
-def _cpu_specs(q_sharding, k_sharding):
-  """Returns the shardings the kernel runs under: batch and heads may be split (rows and KV groups are independent),
-  the cache's slots and head dimension must be whole. Query heads follow the KV heads' split only where both are
-  split the same way (GQA groups then stay on one device); otherwise heads are gathered."""
-  qs = (tuple(q_sharding.spec) + (None,) * 4)[:4]
-  ks = (tuple(k_sharding.spec) + (None,) * 4)[:4]
-  b_ax = qs[0] if qs[0] == ks[0] else None
-  h_ax = qs[2] if qs[2] == ks[2] else None
-  return P(b_ax, None, h_ax, None), P(b_ax, None, h_ax, None), P(b_ax, None), P(b_ax)
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_partitioned(tree_width: int):
-  """The kernel call with a sharding rule, so on a mesh each device attends over its own rows and KV heads instead
-  of XLA gathering the whole cache onto every device before the custom call."""
-
-  @custom_partitioning
-  def call(q, k, v, vis_end, tree_start, tree_branch, tree_depth):
-    return _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width)
-
-  def infer(mesh, arg_shapes, result_shape):
-    return NamedSharding(mesh, _cpu_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)[0])
-
-  def partition(mesh, arg_shapes, result_shape):
-    qs, kvs, meta, start = _cpu_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)
-    lower = functools.partial(_cpu_local, tree_width=tree_width)
-    args = tuple(NamedSharding(mesh, x) for x in (qs, kvs, kvs, meta, start, meta, meta))
-    return mesh, lower, NamedSharding(mesh, qs), args
-
-  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                     sharding_rule="b t h d, b s g d, b s g d, b t, b, b t, b t -> b t h d")
-  return call
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _cpu_attention(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width):
-  return _cpu_partitioned(tree_width)(q, k, v, vis_end, tree_start, tree_branch, tree_depth)
-
-
-def _cpu_fwd(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width):
-  res = (q, k, v, vis_end, tree_start, tree_branch, tree_depth)
-  return _cpu_attention(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width), res
-
-
-def _cpu_bwd(tree_width, res, g):
-  """Gradients through the reference (training only: the draft's forward_full); the mask gets none."""
-  q, k, v, vis_end, tree_start, tree_branch, tree_depth = res
-  mask = MaskInfo(vis_end, tree_start, tree_branch, tree_depth, tree_width)
-  _, vjp = jax.vjp(lambda q, k, v: ref_attention(q, k, v, mask), q, k, v)
-  return (*vjp(g), None, None, None, None)
-
-
-_cpu_attention.defvjp(_cpu_fwd, _cpu_bwd)
-
-
-def cpu_attention(q, k, v, mask: MaskInfo):
-  """Returns `ref_attention(q, k, v, mask)` from the C++ CPU kernel, which reads only the slots each query sees
-  (float32). Builds the kernel on first use; raises a RuntimeError where it cannot (`cpu_attention_available()`
-  says so beforehand; `ref_attention` is the portable path)."""
-  cpu_ffi.require("masked_attention", _CPU_TARGETS, "ref_attention (attn_impl='ref')")
-  if not all(x.dtype == jnp.float32 for x in (q, k, v)):
-    raise TypeError(f"cpu_attention takes float32 q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}; use ref_attention")
-  i32 = lambda x: x.astype(jnp.int32)  # noqa: E731
-  return _cpu_attention(q, k, v, i32(mask.visible_end), i32(mask.tree_start), i32(mask.tree_branch),
-                        i32(mask.tree_depth), mask.tree_width)
-
-
-def resolve_impl(impl: str, q=None, k=None) -> str:
-  """Returns the implementation 'auto' stands for: the CPU kernel on a CPU backend for float32 inputs when it
-  builds, else the reference. Other names are returned as they are (after a check)."""
-  if impl not in IMPLS:
-    raise ValueError(f"unknown attention implementation {impl!r}; choose one of {', '.join(IMPLS)}")
-  if impl != "auto":
-    return impl
-  f32 = all(x is None or x.dtype == jnp.float32 for x in (q, k))
-  return "cpu" if f32 and jax.default_backend() == "cpu" and cpu_attention_available() else "ref"
-
-
-def attention(q, k, v, mask: MaskInfo, k_new=None, v_new=None, new_slots=None, impl: str = "auto", **kernel_options):
-  """Returns masked attention [B, T, H, D] (see `ref_attention`) by the chosen implementation.
-
-  impl: 'auto' (the default: 'cpu' on a CPU for float32 inputs when the kernel builds, else 'ref'), 'ref' (pure jnp,
-  the oracle), 'cpu' (`cpu_attention`, the C++ kernel; float32 on a CPU) or 'pallas' (`pallas_attention`: Triton on
-  GPU, Mosaic on TPU, interpret mode on CPU); kernel_options (block sizes, kernel, interpret) go to the Pallas
-  kernel. The kernels only read the cache: a call that passes unwritten keys (k_new, given by no model path, since
-  the model writes the cache first) is served by the reference whatever impl says.
-  """
-  impl = resolve_impl(impl, q, k)
-  if impl == "ref" or k_new is not None:
-    return ref_attention(q, k, v, mask, k_new, v_new, new_slots)
-  if impl == "cpu":
-    if jax.default_backend() != "cpu" or q.dtype != jnp.float32 or k.dtype != jnp.float32:
-      raise ValueError("attention 'cpu' runs float32 on a CPU backend; use 'auto', 'ref' or 'pallas'")
-    if not cpu_attention_available():
-      raise ValueError("the CPU attention kernel could not be built (see the message above); use 'auto' or 'ref'")
-    return cpu_attention(q, k, v, mask).astype(q.dtype)
-  return pallas_attention(q, k, v, mask, **kernel_options)
