@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -53,12 +53,34 @@ class Speculation:
     return Speculation(np.asarray(self.tokens), np.asarray(self.q))
 
 
+class DraftSide(Protocol):
+  """The calls a draft side answers, in the order a run makes them (ChainDraft, TreeDraft)."""
+
+  def prepare(self, job: DraftJob) -> float:
+    """Compiles the run's programs and sets up its cache; returns its compile seconds so far."""
+
+  def prefill(self, _=None) -> None:
+    """Writes the prompts into its cache."""
+
+  def first(self, first: np.ndarray) -> Speculation | None:
+    """Takes the first token of every row [B]; returns the first speculation (None: every row is done)."""
+
+  def outcome(self, o: Outcome) -> Speculation | None:
+    """Commits a verify's outcome; returns the next speculation (None: every row is done)."""
+
+  def draft_ahead(self) -> None:
+    """Starts drafting for the speculation just served while the target verifies it (SSD; nothing for SD)."""
+
+  def stats(self, _=None) -> dict:
+    """Returns the draft side's statistics of the run."""
+
+
 class InProcessDraft:
   """Calls a draft side in this process: `send` runs the call at once, `receive` returns its reply."""
 
   remote = False
 
-  def __init__(self, side):
+  def __init__(self, side: DraftSide):
     self.side, self._reply = side, None
 
   def session(self):
