@@ -43,16 +43,19 @@ def stream_key(seed: int, stream: int):
   return jax.random.fold_in(jax.random.key(seed), stream)
 
 
+@jax.jit
 def fold(key, *idx):
-  """Returns `key` folded with each index in turn (e.g. round, then use within the round)."""
+  """Returns `key` folded with each index in turn (e.g. round, then use within the round); one dispatch per call,
+  where eager fold_ins would cost one each (they run every round)."""
   for i in idx:
     key = jax.random.fold_in(key, i)
   return key
 
 
-def sd_round_keys(draft_root, rnd: int):
+@jax.jit
+def sd_round_keys(draft_root, rnd):
   """Returns SD's (draft key, verify key) of round `rnd`: two halves of one split of the draft stream."""
-  kd, kv = jax.random.split(fold(draft_root, rnd))
+  kd, kv = jax.random.split(jax.random.fold_in(draft_root, rnd))
   return kd, kv
 
 
