@@ -16,7 +16,7 @@ import dataclasses
 import os
 from typing import Callable, Sequence
 
-from . import checkpoints
+from . import checkpoints, defaults
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
 from .decode import ARDecoder, DecodeOptions
@@ -26,8 +26,8 @@ from .decode.ssd_split import SplitSSDDecoder
 from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
 
-MODES = ("ar", "sd", "ssd")
-SSD_PLACEMENTS = ("devices", "processes")
+MODES = defaults.MODES
+SSD_PLACEMENTS = defaults.SSD_PLACEMENTS  # 'auto': by where it runs (defaults.auto_ssd_placement)
 PLANNED_MODES = ()
 
 
@@ -53,7 +53,7 @@ class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
-               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "devices"):
+               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "auto"):
     if ssd_placement not in SSD_PLACEMENTS:
       raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
     self.ssd_placement = ssd_placement
@@ -77,9 +77,9 @@ class Pipeline:
   def decoder(self, mode: str, k: int = 1, fan_out=3, fan_out_miss=None, backup: str = "neural",
               saguaro_c: float = 1.0):
     norm = lambda f: tuple(f) if isinstance(f, (list, tuple)) else f
+    where = self.mode_and_placement()[1]
     # The SSD placement is part of the key: a caller (the bench) may switch it between calls.
-    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup, saguaro_c,
-           self.ssd_placement if mode == "ssd" else None)
+    key = (mode, k, norm(fan_out), norm(fan_out_miss), backup, saguaro_c, where if mode == "ssd" else None)
     if key in self._decoders:  # decoders keep their compiled programs
       return self._decoders[key]
     if mode == "ar":
@@ -90,7 +90,7 @@ class Pipeline:
       if mode == "sd":
         dec = SDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, self.attn_impl,
                         placement=self.placement)
-      elif self.ssd_placement == "processes":
+      elif where == "processes":
         dec = SplitSSDDecoder(self.target.cfg, self.target.params, self.draft.cfg, self.draft.params, k, fan_out,
                               self.attn_impl, fan_out_miss=fan_out_miss, backup=backup, saguaro_c=saguaro_c)
       else:
@@ -121,10 +121,15 @@ class Pipeline:
 
     return on_ids
 
+  def mode_and_placement(self) -> tuple[str, str]:
+    """Returns (default mode, SSD placement in use): `ssd_placement` with 'auto' resolved (defaults.resolve)."""
+    return defaults.resolve(self.draft is not None, self.placement, self.ssd_placement)
+
   @property
   def default_mode(self) -> str:
-    """'ssd' when a draft is loaded, else 'ar': what generate() runs when no mode is given."""
-    return "ssd" if self.draft is not None else "ar"
+    """What generate() runs when no mode is given: the fastest mode measured on this backend, AR where none was
+    and without a draft (defaults.default_mode). With the shipped draft that is AR on a CPU."""
+    return self.mode_and_placement()[0]
 
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int = 1, fan_out=3,
@@ -151,9 +156,9 @@ class Pipeline:
     mode: 'ar', 'sd' (K draft tokens per round, `k`; 1 by default, the fastest for the shipped pair on a CPU) or
     'ssd' (also `fan_out` bonus guesses per acceptance length: an int, or K+1 counts; `fan_out_miss` after a miss;
     `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the draft's top tokens (Saguaro
-    sampling); the draft runs on the second device when there is one); None: `default_mode`, 'ssd' when a draft is
-    loaded, else 'ar'. temperature 0 is greedy; chat=False feeds the text without the chat template; stream, if
-    given, is called with each new piece of text of the first prompt.
+    sampling); the draft runs where `ssd_placement` puts it); None: `default_mode` (the fastest measured here; AR on a
+    CPU with the shipped draft). temperature 0 is greedy; chat=False feeds the text without
+    the chat template; stream, if given, is called with each new piece of text of the first prompt.
     """
     if isinstance(prompts, str):
       prompts = [prompts]
@@ -168,8 +173,21 @@ class Pipeline:
             for p, r in zip(prompts, res)]
 
 
+def draft_dir(draft: str | None = "default") -> str | None:
+  """Returns the absolute checkpoint directory `load(draft=...)` reads the draft from, or None when it loads none
+  ('default' without the shipped draft, or None); raises CheckpointError for a named draft that is not there."""
+  if draft is None:
+    return None
+  path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
+  if os.path.exists(os.path.join(path, "config.json")):
+    return os.path.abspath(path)
+  if draft != "default":
+    raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
+  return None
+
+
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
-         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "devices") -> Pipeline:
+         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
@@ -177,9 +195,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   kernel) or 'pallas' (the Pallas kernels; interpret mode on CPU, slow but the same tokens).
   target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
   the next device (SSD), 0 on the target's first device. Errors say what to do when there are too few devices.
-  ssd_placement: 'devices' (SSD's draft on its own JAX device of this process) or 'processes' (the draft in a
+  ssd_placement: 'devices' (SSD's draft on its own JAX device of this process), 'processes' (the draft in a
   child process pinned to its own CPU cores, the target pinned to the others while decoding: on a CPU, in-process
-  devices share one thread pool, so this is the placement that gives the draft hardware of its own).
+  devices share one thread pool, so this is the placement that gives the draft hardware of its own) or 'auto' (the
+  default: 'processes' on a CPU with at least two usable cores, else 'devices'; `defaults.auto_ssd_placement`).
   """
   if ssd_placement not in SSD_PLACEMENTS:
     raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
@@ -188,13 +207,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None
-  if draft is not None:
-    path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
-    if os.path.exists(os.path.join(path, "config.json")):
-      dcfg, dparams, _ = checkpoints.load_model(path)
-      d = LoadedModel(dcfg, dparams, os.path.abspath(path))
-    elif draft != "default":
-      raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
+  path = draft_dir(draft)
+  if path is not None:
+    dcfg, dparams, _ = checkpoints.load_model(path)
+    d = LoadedModel(dcfg, dparams, path)
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
 
 
