@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from ssd_jax.cli_util import fail, run_main, split_cpu
+from ssd_jax.cli_util import check_sampling, check_seed, fail, run_main, split_cpu
 
 
 def parse_args(argv=None):
@@ -50,9 +50,11 @@ def parse_args(argv=None):
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
   p.add_argument("--attention", default="auto",
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
-  p.add_argument("--ssd-placement", default="devices", choices=["devices", "processes"],
+  p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
                  help="SSD: the draft on its own JAX device of this process (both share the cores), or in its own "
-                      "process pinned to its own cores; --sweep ssd-placement runs both side by side")
+                      "process pinned to its own cores; auto (default, as decode.py and the API): processes on a CPU "
+                      "with 2+ usable cores, else devices; --sweep ssd-placement runs devices and processes side by "
+                      "side")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1,
                  help="1: the draft on its own device after the target's (SSD); 0: on the target's first device")
@@ -109,11 +111,12 @@ def check_args(args) -> list[str]:
   for name, val, ok in (("--num-prompts", args.num_prompts, args.num_prompts >= 1),
                         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 2),
                         ("--batch-size", args.batch_size, args.batch_size >= 1), ("--k", args.k, args.k >= 1),
-                        ("--temperature", args.temperature, args.temperature >= 0),
                         ("--saguaro-c", args.saguaro_c, 0 < args.saguaro_c <= 1)):
     if not ok:
       fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2, --batch-size >= 1, "
-           f"--k >= 1, --temperature >= 0, --saguaro-c in (0, 1])")
+           f"--k >= 1, --saguaro-c in (0, 1])")
+  check_sampling(args.temperature)
+  check_seed(args.seed)
   if args.target_devices < 1 or args.draft_devices not in (0, 1):
     fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
   if args.sweep_values and not args.sweep:
@@ -235,20 +238,24 @@ def main(argv=None):
   args = parse_args(argv)
   modes = check_args(args)
   split_cpu(max(2, args.target_devices + args.draft_devices))  # before JAX is imported
-  from ssd_jax import api, benchmark
+  from ssd_jax import api, benchmark, defaults
   from ssd_jax.kernels import masked_attention
+  from ssd_jax.sharding import make_placement
 
   impls = getattr(masked_attention, "IMPLS", ("ref",))
   if args.attention not in impls:
     fail(f"unknown --attention {args.attention!r}; choose from {', '.join(impls)}")
   all_modes = modes + (["hf-ar", "hf-sd"] if args.peer == "hf" else [])
+  # 'auto' resolved as the pipeline will (the placement does not depend on the weights).
+  where = defaults.resolve(True, make_placement(args.target_devices, args.draft_devices), args.ssd_placement)[1]
   base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
           "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
-          "ssd_placement": args.ssd_placement}
+          "ssd_placement": where}
   values = args.sweep_values.split(",") if args.sweep_values else None
   variants = benchmark.make_variants(all_modes, base, args.sweep, values)
-  for v in variants:  # each variant's own settings (fan-out against its K, ...) must be right before anything runs
+  for v in variants:  # each variant's own settings (fan-out against its K, swept temperature, ...) fail before loading
     spec_options(v.opts)
+    check_sampling(v.opts["temperature"])
 
   if args.verify_cost:
     pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)

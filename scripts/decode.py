@@ -11,22 +11,30 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 
-
 from ssd_jax import distributed
-from ssd_jax.cli_util import fail, run_main, split_cpu
+from ssd_jax.cli_util import (available_memory, check_output_file, check_sampling, check_seed,
+                              check_speculation_memory, fail, run_main, split_cpu, warn)
+from ssd_jax.defaults import MODES
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
+# Options only some modes read (argparse dests): a run of another mode warns that they do nothing.
+SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c", "ssd_placement")
+DRAFT_ONLY = ("k",)  # sd and ssd
 
 
-def parse_args(argv=None):
+def make_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   src = p.add_mutually_exclusive_group()
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
-  p.add_argument("--mode", default=None, help="ar, sd or ssd (default: ssd, or ar when no draft is loaded)")
+  p.add_argument("--mode", default=None,
+                 help="ar, sd or ssd (default: the fastest measured where it runs, ssd_jax.defaults: ar on a CPU "
+                      "with the shipped draft, where neither sd nor ssd beat it; ar when no draft is loaded)")
   p.add_argument("--k", type=int, default=1,
                  help="draft tokens per round (sd, ssd; default 1, the fastest for the shipped pair on a CPU: "
                       "stronger drafts and accelerators, where a wider verify costs little more, want more)")
@@ -55,13 +63,43 @@ def parse_args(argv=None):
   p.add_argument("--attention", default="auto", choices=["auto", "ref", "cpu", "pallas"],
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
                       "kernel) or pallas (kernels; interpret mode on CPU: slow)")
-  p.add_argument("--ssd-placement", default="devices", choices=["devices", "processes"],
-                 help="SSD: the draft on its own JAX device of this process, or in its own process pinned to its "
-                      "own CPU cores (the target pinned to the others)")
+  p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
+                 help="ssd: the draft on its own JAX device of this process, or in its own process pinned to its "
+                      "own CPU cores (the target pinned to the others); auto (default): processes on a CPU with "
+                      "2+ usable cores and a one-device target, else devices")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)
-  return p.parse_args(argv)
+  return p
+
+
+def parse_args(argv=None):
+  return make_parser().parse_args(argv)
+
+
+def check_args(args):
+  """Fails on input that can be checked before JAX or a model is loaded; returns the speculation settings
+  (SpecOptions, placed on 'devices' until the placement is resolved)."""
+  from ssd_jax.decode.options import SpecOptions  # no JAX: the CPU is split later
+
+  if args.target_devices < 1 or args.draft_devices not in (0, 1):
+    fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
+  if args.mode is not None and args.mode not in MODES:
+    fail(f"unknown --mode {args.mode!r}; choose from {', '.join(MODES)}")
+  if args.max_new_tokens < 1:
+    fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+  if args.k < 1:
+    fail(f"--k must be >= 1, got {args.k}")
+  if args.batch_size < 1:
+    fail(f"--batch-size must be >= 1, got {args.batch_size}")
+  check_sampling(args.temperature, args.top_p)
+  check_seed(args.seed)
+  if not 0 < args.saguaro_c <= 1:
+    fail(f"--saguaro-c must be in (0, 1], got {args.saguaro_c}")
+  if args.json_out:
+    check_output_file(args.json_out, "--json-out")
+  return SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
+                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
 
 
 def read_prompts(args) -> list[str]:
@@ -74,54 +112,88 @@ def read_prompts(args) -> list[str]:
   return prompts
 
 
+def ignored_options(args, mode: str) -> list[str]:
+  """Returns the options (as --flags) set away from their defaults that `mode` does not read."""
+  unread = {"ar": DRAFT_ONLY + SSD_ONLY, "sd": SSD_ONLY}.get(mode, ())
+  parser = make_parser()
+  return ["--" + d.replace("_", "-") for d in unread if getattr(args, d) != parser.get_default(d)]
+
+
+def check_calibration(args, draft_path: str | None) -> None:
+  """Fails unless the draft has a well-formed fan-out calibration (the library reads it for geometric fan-out)."""
+  from ssd_jax.fan_out import CALIBRATION_FILE, read_calibration
+
+  if draft_path is None:
+    fail("--fan-out-strategy geometric reads the draft's fan-out calibration, but no draft is loaded "
+         f"({'--draft none' if args.draft == 'none' else 'the shipped draft is missing'}); pass --draft PATH or "
+         "use --fan-out-strategy uniform")
+  read_calibration(os.path.join(draft_path, CALIBRATION_FILE))  # a missing or malformed file: one line
+
+
+def check_memory(args, draft_path: str, prompts: list[str], fan_out: tuple, backend: str, device) -> None:
+  """Fails when SSD's speculation cache cannot fit in the memory available (the draft's device, or the host).
+
+  The estimate depends on the fan-out's total only, which --fan-out-miss shares."""
+  from ssd_jax.config import ModelConfig
+
+  scores = args.attention == "ref" or (args.attention == "auto" and backend != "cpu")  # the jnp reference
+  with open(os.path.join(draft_path, "config.json")) as f:
+    dcfg = ModelConfig.from_json(f.read())
+  # Tokens are at most UTF-8 bytes (byte-level BPE); 128 more for the chat template.
+  max_prompt = max(len(p.encode("utf-8")) for p in prompts) + 128
+  check_speculation_memory(dcfg, min(args.batch_size, len(prompts)), args.k, fan_out, max_prompt,
+                           args.max_new_tokens, available_memory(device), scores)
+
+
 def main(argv=None):
   args = parse_args(argv)
-  if args.target_devices < 1 or args.draft_devices not in (0, 1):
-    fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
-  _, nproc, _ = distributed.settings(args.coordinator, args.num_processes, args.process_id)
-  split_cpu(max(2, distributed.local_devices_needed(args.target_devices, args.draft_devices, nproc)))
-  distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device is touched
-  from ssd_jax import api
-
-  if args.mode is not None and args.mode not in api.MODES:
-    if args.mode in api.PLANNED_MODES:
-      fail(f"--mode {args.mode} is not implemented yet; available: {', '.join(api.MODES)}")
-    fail(f"unknown --mode {args.mode!r}; choose from {', '.join(api.MODES)}")
-  if args.max_new_tokens < 1:
-    fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-  if args.k < 1:
-    fail(f"--k must be >= 1, got {args.k}")
-  if args.batch_size < 1:
-    fail(f"--batch-size must be >= 1, got {args.batch_size}")
-  if args.temperature < 0 or not 0 < args.top_p <= 1:
-    fail("--temperature must be >= 0 and --top-p in (0, 1]")
-  if not 0 < args.saguaro_c <= 1:
-    fail(f"--saguaro-c must be in (0, 1], got {args.saguaro_c}")
-  from ssd_jax.decode import SpecOptions
-  spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
-                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c,
-                     placement=args.ssd_placement)  # bad settings: ValueError, one line
+  spec = check_args(args)
   prompts = read_prompts(args)
   if args.stream and len(prompts) != 1:
     fail("--stream needs exactly one prompt")
+  _, nproc, _ = distributed.settings(args.coordinator, args.num_processes, args.process_id)
+  split_cpu(max(2, distributed.local_devices_needed(args.target_devices, args.draft_devices, nproc)))
+  distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device is touched
+  import jax
 
-  pipe = api.load(args.target, draft=None if args.draft == "none" else args.draft, attn_impl=args.attention,
+  from ssd_jax import api, defaults
+  from ssd_jax.sharding import make_placement
+
+  # What runs, decided before any weights are read: bad combinations fail here, in a second.
+  draft_path = None if args.draft == "none" else api.draft_dir(args.draft)
+  placement = make_placement(args.target_devices, args.draft_devices)
+  default_mode, where = defaults.resolve(draft_path is not None, placement, args.ssd_placement)
+  spec = dataclasses.replace(spec, placement=where)
+  mode = args.mode or default_mode
+  if mode in ("sd", "ssd") and draft_path is None:
+    fail(f"--mode {mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
+  if args.fan_out_strategy == "geometric":  # checked under every mode: the warning below says when it is unused
+    check_calibration(args, draft_path)
+  ignored = ignored_options(args, mode)
+  if ignored:
+    warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing under --mode {mode}"
+         + ("" if args.mode else " (the default here; choose another with --mode)"))
+  if mode == "ssd":
+    backend = jax.default_backend()
+    check_memory(args, draft_path, prompts, spec.fan_out, backend,
+                 None if backend == "cpu" else placement.draft_device)
+
+  pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,
                   target_devices=args.target_devices, draft_devices=args.draft_devices,
                   ssd_placement=args.ssd_placement)
-  if args.mode is None:
-    args.mode = pipe.default_mode
-  if args.mode in ("sd", "ssd") and pipe.draft is None:
-    fail(f"--mode {args.mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
-  gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+  gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
                        chat=not args.raw, stream=stream, spec=spec)
   if args.stream:
     print()
   if args.json_out and distributed.is_main():
-    with open(args.json_out, "w", encoding="utf-8") as f:
-      for g in gens:
-        f.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
+    try:
+      with open(args.json_out, "w", encoding="utf-8") as f:
+        for g in gens:
+          f.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
+    except OSError as e:  # checked before decoding; this is the disk filling up or the like
+      fail(f"--json-out {args.json_out} could not be written ({e.strerror})")
   for i, g in enumerate(gens if distributed.is_main() else []):
     if not args.stream:
       if len(gens) > 1:

@@ -55,9 +55,9 @@ def main(argv=None):
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
   fan_outs = {k: (args.fan_out,) * (k + 1) for k in range(1, 9)}
   if args.fan_out_strategy == "geometric":
-    from ssd_jax.fan_out import calibrated_geometric, read_calibration
+    from ssd_jax.fan_out import calibrated_geometric
+    calib = os.path.join(checkpoints.resolve_model_dir(args.draft), "fan_out_calibration.json")
     try:
-      calib = read_calibration(checkpoints.resolve_model_dir(args.draft))
       fan_outs = {k: calibrated_geometric(calib, k, (k + 1) * args.fan_out, 0.0) for k in fan_outs}
     except ValueError as e:
       fail(str(e))

@@ -30,7 +30,7 @@ def main(argv=None):
   split_cpu(2)
   from ssd_jax import api, datasets
 
-  pipe = api.load()
+  pipe = api.load(ssd_placement="devices")  # the tree in this process, where its peak RSS is measured
   if pipe.draft is None:
     fail("no draft found (checkpoints/draft-smollm2)")
   prompts = (datasets.load_prompts("alpaca", args.batch) * args.batch)[:args.batch]

@@ -16,16 +16,16 @@ import dataclasses
 import os
 from typing import Callable, Sequence
 
-from . import checkpoints
+from . import checkpoints, defaults
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
-from .decode.options import PLACEMENTS as SSD_PLACEMENTS
-from .fan_out import read_calibration
+from .fan_out import CALIBRATION_FILE, read_calibration
 from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
 
-MODES = ("ar", "sd", "ssd")
+MODES = defaults.MODES
+SSD_PLACEMENTS = defaults.SSD_PLACEMENTS  # 'auto': by where it runs (defaults.auto_ssd_placement)
 PLANNED_MODES = ()
 
 
@@ -51,7 +51,7 @@ class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
-               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "devices"):
+               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "auto"):
     if ssd_placement not in SSD_PLACEMENTS:
       raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
     self.ssd_placement = ssd_placement
@@ -73,9 +73,9 @@ class Pipeline:
     return ids
 
   def decoder(self, mode: str, spec: SpecOptions | None = None):
-    """Returns the decoder for `mode` with these speculation settings (default: SpecOptions() placed by this
-    pipeline's ssd_placement), built on first use and kept with its compiled programs."""
-    spec = spec or SpecOptions(placement=self.ssd_placement)
+    """Returns the decoder for `mode` with these speculation settings (default: `spec_options()`), built on first
+    use and kept with its compiled programs."""
+    spec = spec or self.spec_options()
     # SD reads only K; SSD's placement is part of its settings (the bench switches it between calls).
     key = (mode, None if mode == "ar" else spec.k if mode == "sd" else spec)
     if key in self._decoders:
@@ -92,7 +92,8 @@ class Pipeline:
     elif mode == "sd":
       dec = SDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement)
     else:
-      calibration = read_calibration(d.path) if spec.fan_out_strategy == "geometric" else None
+      geometric = spec.fan_out_strategy == "geometric"
+      calibration = read_calibration(os.path.join(d.path, CALIBRATION_FILE)) if geometric else None
       dec = SSDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement,
                        calibration=calibration)
     self._decoders[key] = dec
@@ -113,16 +114,21 @@ class Pipeline:
 
     return on_ids
 
+  def mode_and_placement(self) -> tuple[str, str]:
+    """Returns (default mode, SSD placement in use): `ssd_placement` with 'auto' resolved (defaults.resolve)."""
+    return defaults.resolve(self.draft is not None, self.placement, self.ssd_placement)
+
   @property
   def default_mode(self) -> str:
-    """'ssd' when a draft is loaded, else 'ar': what generate() runs when no mode is given."""
-    return "ssd" if self.draft is not None else "ar"
+    """What generate() runs when no mode is given: the fastest mode measured on this backend, AR where none was
+    and without a draft (defaults.default_mode). With the shipped draft that is AR on a CPU."""
+    return self.mode_and_placement()[0]
 
   def spec_options(self, spec: SpecOptions | None = None, **settings) -> SpecOptions:
-    """Returns `spec`, or SpecOptions built from loose settings (k, fan_out, ...; the SSD placement defaults to
-    this pipeline's ssd_placement); raises ValueError when given both."""
+    """Returns `spec`, or SpecOptions built from loose settings (k, fan_out, ...; the SSD placement: this pipeline's
+    ssd_placement, 'auto' resolved); raises ValueError when given both."""
     if spec is None:
-      return SpecOptions(**{"placement": self.ssd_placement, **settings})
+      return SpecOptions(**{"placement": self.mode_and_placement()[1], **settings})
     defaults = {f.name: f.default for f in dataclasses.fields(SpecOptions)}
     if any(value != defaults[name] for name, value in settings.items()):
       raise ValueError("give either spec=SpecOptions(...) or its settings (k, fan_out, ...), not both")
@@ -158,10 +164,10 @@ class Pipeline:
     'ssd' (also `fan_out` bonus guesses per acceptance length: an int, or K+1 counts; `fan_out_miss` after a miss;
     `fan_out_strategy` 'geometric' spreads F*(K+1) guesses by Theorem 12 from the draft's calibration
     (scripts/calibrate_fan_out.py); `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the
-    draft's top tokens (Saguaro sampling); the draft runs on the second device when there is one, or in its own
-    process with ssd_placement='processes'); None: `default_mode`, 'ssd' when a draft is loaded, else 'ar'.
-    spec: a SpecOptions instead of those loose settings. temperature 0 is greedy; chat=False feeds the text without
-    the chat template; stream, if given, is called with each new piece of text of the first prompt.
+    draft's top tokens (Saguaro sampling); the draft runs where `ssd_placement` puts it); None: `default_mode` (the
+    fastest measured here; AR on a CPU with the shipped draft). spec: a SpecOptions instead of those loose settings.
+    temperature 0 is greedy; chat=False feeds the text without the chat template; stream, if given, is called with
+    each new piece of text of the first prompt.
     """
     if isinstance(prompts, str):
       prompts = [prompts]
@@ -177,8 +183,21 @@ class Pipeline:
             for p, r in zip(prompts, res)]
 
 
+def draft_dir(draft: str | None = "default") -> str | None:
+  """Returns the absolute checkpoint directory `load(draft=...)` reads the draft from, or None when it loads none
+  ('default' without the shipped draft, or None); raises CheckpointError for a named draft that is not there."""
+  if draft is None:
+    return None
+  path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
+  if os.path.exists(os.path.join(path, "config.json")):
+    return os.path.abspath(path)
+  if draft != "default":
+    raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
+  return None
+
+
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
-         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "devices") -> Pipeline:
+         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
@@ -186,9 +205,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   kernel) or 'pallas' (the Pallas kernels; interpret mode on CPU, slow but the same tokens).
   target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
   the next device (SSD), 0 on the target's first device. Errors say what to do when there are too few devices.
-  ssd_placement: 'devices' (SSD's draft on its own JAX device of this process) or 'processes' (the draft in a
+  ssd_placement: 'devices' (SSD's draft on its own JAX device of this process), 'processes' (the draft in a
   child process pinned to its own CPU cores, the target pinned to the others while decoding: on a CPU, in-process
-  devices share one thread pool, so this is the placement that gives the draft hardware of its own).
+  devices share one thread pool, so this is the placement that gives the draft hardware of its own) or 'auto' (the
+  default: 'processes' on a CPU with at least two usable cores, else 'devices'; `defaults.auto_ssd_placement`).
   """
   if ssd_placement not in SSD_PLACEMENTS:
     raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
@@ -197,13 +217,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None
-  if draft is not None:
-    path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
-    if os.path.exists(os.path.join(path, "config.json")):
-      dcfg, dparams, _ = checkpoints.load_model(path)
-      d = LoadedModel(dcfg, dparams, os.path.abspath(path))
-    elif draft != "default":
-      raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
+  path = draft_dir(draft)
+  if path is not None:
+    dcfg, dparams, _ = checkpoints.load_model(path)
+    d = LoadedModel(dcfg, dparams, path)
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
 
 

@@ -17,8 +17,6 @@ import numpy as np
 
 from .timing_model import neural_backup_better
 
-BACKUPS = ("auto", "neural", "fast", "ngram")
-
 
 @functools.partial(jax.jit, static_argnames=("batch", "k", "vocab"))
 def random_speculation(key, batch: int, k: int, vocab: int):

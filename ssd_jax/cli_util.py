@@ -1,6 +1,7 @@
 """Shared plumbing of the command-line scripts: one clear line and a non-zero exit on bad input."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -60,6 +61,98 @@ class UsageError(Exception):
 
 def fail(msg: str):
   raise UsageError(msg)
+
+
+def warn(msg: str) -> None:
+  """Prints one warning line on stderr (input that is accepted but does nothing)."""
+  print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def check_sampling(temperature: float, top_p: float = 1.0) -> None:
+  """Fails unless --temperature is finite and >= 0 and --top-p in (0, 1] (NaN fails both tests)."""
+  if not (math.isfinite(temperature) and temperature >= 0):
+    fail(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+  if not 0 < top_p <= 1:
+    fail(f"--top-p must be in (0, 1], got {top_p}")
+
+
+def check_seed(seed: int) -> None:
+  """Fails unless --seed fits the 64-bit integer JAX makes its keys from."""
+  if not -2**63 <= seed < 2**63:
+    fail(f"--seed must be in [-2^63, 2^63), got {seed}")
+
+
+def check_output_file(path: str, flag: str) -> None:
+  """Fails unless `path` can be written, before any work is done; an existing file is left as it is."""
+  if os.path.isdir(path):
+    fail(f"{flag} {path} is a directory; give a file name")
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    fail(f"{flag} {path}: the directory {parent} does not exist")
+  existed = os.path.exists(path)
+  try:
+    with open(path, "a", encoding="utf-8"):
+      pass
+  except OSError as e:
+    fail(f"{flag} {path} cannot be written ({e.strerror})")
+  if not existed:
+    os.remove(path)
+
+
+def available_memory(device=None) -> int | None:
+  """Returns the bytes free for new arrays: `device`'s (a JAX device with memory statistics, e.g. a GPU) or, without
+  one, the host's (MemAvailable); None when unknown."""
+  if device is not None:
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+      return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt: int, max_new: int,
+                       scores: bool = False) -> dict:
+  """Returns an estimate of the bytes SSD's draft side needs beyond its weights, by part, and their "total".
+
+  The parts follow decode/steps.py `draft_tree` (float32 throughout; N = sum(fan_out) branches, V the draft's output
+  rows, S its cache slots): the speculation cache's q [B, N, K, V], three times (the tree being served, the one being
+  drafted and the drafting loop's own copy), one tree step's logits and probabilities (3 x [B, N, V]), the draft's KV
+  cache with the tree's scratch slots (2 x layers x [B, S, G, D]) and, with `scores` (the reference attention, which
+  materialises them), one layer's attention scores [B, H, N, S]. Checked against scripts/ssd_memory.py on the
+  shipped pair: peak RSS at B=4 K=4 F=48 exceeds F=3's by 867 MiB; these parts differ by 858 MiB.
+  """
+  from .decode.steps import tree_lookahead
+  from .kv_cache import round_slots
+
+  n, v = sum(fan_out), draft_cfg.out_vocab
+  s = round_slots(max_prompt + max_new + tree_lookahead(k, tuple(fan_out)), 128)
+  parts = {"tree_q": 3 * batch * n * k * v * 4, "tree_step": 3 * batch * n * v * 4,
+           "draft_kv": 2 * draft_cfg.n_layers * batch * s * draft_cfg.n_kv_heads * draft_cfg.head_dim * 4,
+           "attention_scores": batch * draft_cfg.n_heads * n * s * 4 if scores else 0}
+  return dict(parts, total=sum(parts.values()))
+
+
+def check_speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt: int, max_new: int,
+                             available: int | None, scores: bool = False) -> None:
+  """Fails, with the estimate and what to lower, when SSD's speculation cache (`speculation_memory`) cannot fit in
+  the `available` bytes (None: unknown, no check)."""
+  est = speculation_memory(draft_cfg, batch, k, fan_out, max_prompt, max_new, scores)
+  if available is not None and est["total"] > available:
+    gib = 2.0**30
+    spec = str(fan_out[0]) if len(set(fan_out)) == 1 else ",".join(map(str, fan_out))
+    fail(f"--k {k} with fan-out {spec} ({sum(fan_out)} branches of {k} tokens, batch {batch}) needs an estimated "
+         f"{est['total'] / gib:.1f} GiB for SSD's speculation cache (of it the draft's distributions, "
+         f"B x N x K x {draft_cfg.out_vocab} floats three times, {est['tree_q'] / gib:.1f} GiB), more than the "
+         f"{available / gib:.1f} GiB available: lower --fan-out, --k or --batch-size")
 
 
 def run_main(main) -> None:

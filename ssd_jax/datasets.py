@@ -170,18 +170,26 @@ def load_prompt_file(path: str) -> list[str]:
 
   if not os.path.exists(path):
     raise DataError(f"prompt file {path} does not exist")
+  if os.path.isdir(path):
+    raise DataError(f"prompt file {path} is a directory; give a JSONL file")
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().split("\n")  # not splitlines(): a JSON string may hold U+2028
+  except UnicodeDecodeError as e:
+    raise DataError(f"prompt file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+  except OSError as e:
+    raise DataError(f"prompt file {path} cannot be read ({e.strerror})") from None
   prompts = []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-      if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-        raise DataError(f"{path}:{n}: expected an object with a string \"prompt\"")
-      prompts.append(obj["prompt"])
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      obj = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+      raise DataError(f"{path}:{n}: expected an object with a string \"prompt\"")
+    prompts.append(obj["prompt"])
   if not prompts:
     raise DataError(f"prompt file {path} holds no prompts")
   return prompts

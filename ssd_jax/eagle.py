@@ -91,11 +91,9 @@ class EagleConfig:
 def default_feature_layers(n_layers: int) -> tuple:
   """Returns the (low, middle, high) target blocks to read: (1, L//2 - 1, L - 1), 0-based.
 
-  EAGLE-3 reads the residual stream after blocks 2, L/2 and L-3 (counted from 1). Here the high one is the target's
-  last block, whose output the target's own final norm and head turn into its logits: with fc starting as the
-  identity on it (init_params), the draft's prediction from fresh target features starts equal to the target's, and
-  training spends itself on what matters for SSD, the self-conditioned positions. On SmolLM2-135M the head reads
-  the stream after block 26 (0-based) as the target's token only 46% of the time, after block 29 always.
+  EAGLE-3 reads the residual stream after blocks 2, L/2 and L-3 (counted from 1); here the high one is the target's
+  last block (EAGLE-1's feature), whose output the target's own final norm and head turn into its next token: on
+  SmolLM2-135M the head reads the stream after block 26 (0-based) as the target's token only 46% of the time.
   """
   if n_layers < 4:
     return tuple(range(n_layers))
@@ -135,8 +133,9 @@ def init_params(key: jax.Array, cfg: EagleConfig, target_params: dict, head_ids:
            # residual outputs start small: the layer begins near the identity on the fused feature
            "wo": n(ks[3], (H * D, d), scale / 4), "w_gate": n(ks[4], (d, F)), "w_up": n(ks[5], (d, F)),
            "w_down": n(ks[6], (F, d), scale / 4)}
-  # fc starts as the identity on the highest feature layer (plus noise): that residual stream is a few blocks from the
-  # target's last one, so the target's own final norm and head already read it roughly as the target would.
+  # fc starts as the identity on the highest feature layer (plus noise): the layer then starts from the target's
+  # last residual stream at the position before (which the target's head reads as the token now fed) and learns the
+  # step from there to this position's.
   fc = n(ks[7], (cfg.feature_dim, d), scale / np.sqrt(cfg.feature_dim)).at[cfg.feature_dim - d:].add(jnp.eye(d))
   own = {"fc": fc, "layer": layer,
          "final_norm": jnp.asarray(target_params["final_norm"], jnp.float32), "head_ids": jnp.asarray(head_ids),

@@ -85,24 +85,45 @@ def fit_log_log(fs, miss) -> tuple[float, float]:
 CALIBRATION_FILE = "fan_out_calibration.json"  # beside the draft checkpoint (scripts/calibrate_fan_out.py)
 
 
-def read_calibration(draft_dir: str) -> dict:
-  """Returns the draft's {temperature: {"a_p", "r", ...}} from its calibration file; ValueError if it has none."""
+def read_calibration(calibration_file: str) -> dict[float, tuple[float, float]]:
+  """Returns {temperature: (a_p, r)} from a calibration file (scripts/calibrate_fan_out.py); a missing file or one of
+  another shape raises ValueError with one line that names it."""
   import json
+  import math
   import os
 
-  path = os.path.join(draft_dir, CALIBRATION_FILE)
-  if not os.path.exists(path):
-    raise ValueError(f"no fan-out calibration at {path}; run scripts/calibrate_fan_out.py first")
-  with open(path) as f:
-    data = json.load(f)
-  if not data:
-    raise ValueError(f"{path} holds no calibration")
-  return data
+  if not os.path.exists(calibration_file):
+    raise ValueError(f"no fan-out calibration at {calibration_file}; run scripts/calibrate_fan_out.py first")
+  redo = "rerun scripts/calibrate_fan_out.py"
+  try:
+    with open(calibration_file, encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"cannot read the fan-out calibration {calibration_file} ({e}); {redo}") from None
+  if not isinstance(data, dict) or not data:
+    raise ValueError(f"{calibration_file} holds no calibration (expected {{temperature: {{a_p, r, ...}}}}); {redo}")
+  out = {}
+  for t, entry in data.items():
+    try:
+      temp = float(t)
+      a_p, r = float(entry["a_p"]), float(entry["r"])
+    except (TypeError, ValueError, KeyError):
+      raise ValueError(f"{calibration_file}: entry {t!r} is not {{temperature: {{a_p, r, ...}}}} with numbers; "
+                       f"{redo}") from None
+    if not (math.isfinite(temp) and 0 <= a_p <= 1 and r > 0):  # r may be inf: (almost) never a miss
+      raise ValueError(f"{calibration_file}: entry {t!r} has a_p {a_p} (needs [0, 1]) and r {r} (needs > 0); {redo}")
+    out[temp] = (a_p, r)
+  return out
 
 
-def calibrated_geometric(calibration: dict, k: int, budget: int, temperature: float) -> tuple[int, ...]:
-  """Returns the Theorem 12 fan-out from a draft's calibration (`read_calibration`), at the nearest temperature."""
-  t = min(calibration, key=lambda s: abs(float(s) - temperature))
-  a_p, r = float(calibration[t]["a_p"]), float(calibration[t]["r"])
+def geometric_from(calibration: dict[float, tuple[float, float]], k: int, budget: int,
+                   temperature: float) -> tuple[int, ...]:
+  """Returns the Theorem 12 fan-out from a calibration (`read_calibration`) at the temperature nearest `temperature`."""
+  a_p, r = calibration[min(calibration, key=lambda t: abs(t - temperature))]
   a_p = min(max(a_p, 1e-3), 1 - 1e-3)
   return geometric_fan_out(k, budget, a_p, min(r, 1e3))
+
+
+def calibrated_geometric(calibration_file: str, k: int, budget: int, temperature: float) -> tuple[int, ...]:
+  """Returns the Theorem 12 fan-out from a calibration file (scripts/calibrate_fan_out.py), nearest temperature."""
+  return geometric_from(read_calibration(calibration_file), k, budget, temperature)

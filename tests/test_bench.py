@@ -105,7 +105,10 @@ def test_bad_input_fails_before_loading(bench):
   for argv, msg in ((["--modes", "ar,nonsense"], "unknown mode"), (["--batch-size", "0"], "out of range"),
                     (["--peer", "hf", "--batch-size", "2"], "batch size 1"),
                     (["--sweep", "batch", "--num-prompts", "2"], "--num-prompts >= 8"),
-                    (["--sweep-values", "1,2"], "needs --sweep")):
+                    (["--sweep-values", "1,2"], "needs --sweep"),
+                    (["--temperature", "inf"], "finite number"), (["--temperature", "nan"], "finite number"),
+                    (["--seed", str(2**63)], r"--seed must be in \[-2\^63, 2\^63\)"),
+                    (["--tiny", "--sweep", "temperature", "--sweep-values", "0,nan"], "finite number")):
     with pytest.raises(UsageError, match=msg):
       bench.main(argv)
   if importlib.util.find_spec("torch") is None:  # CI: the peer extra is never installed there
@@ -255,13 +258,15 @@ def test_pipeline_keeps_one_decoder_per_ssd_placement():
   assert pipe.decoder("ssd", pipe.spec_options(k=2, fan_out=2)) is on_devices
 
 
-def test_pipeline_default_mode_is_ssd_with_a_draft_and_ar_without():
-  """generate() without a mode runs SSD when a draft is loaded (the issue's default), AR otherwise; same tokens."""
-  from ssd_jax import api
+def test_pipeline_runs_its_default_mode_when_none_is_given(monkeypatch):
+  """generate() without a mode runs `default_mode` (defaults.default_mode: the fastest measured on the backend, AR
+  without a draft); same tokens as AR."""
+  from ssd_jax import api, defaults
   pipe = api.load_tiny()
-  assert pipe.default_mode == "ssd"
-  g = pipe.generate("Say hi.", max_new_tokens=6, ignore_eos=True, k=2, fan_out=2)[0]
-  assert g.stats["mode"] == "ssd" and "cache_hit_rate" in g.stats
+  monkeypatch.setitem(defaults.FASTEST_MEASURED, "cpu", "sd")  # as if SD had measured fastest here
+  assert pipe.default_mode == "sd"
+  g = pipe.generate("Say hi.", max_new_tokens=6, ignore_eos=True, k=2)[0]
+  assert g.stats["mode"] == "sd" and "acceptance_rate" in g.stats
   ar = pipe.generate("Say hi.", mode="ar", max_new_tokens=6, ignore_eos=True)[0]
   assert g.token_ids == ar.token_ids
   pipe.draft = None

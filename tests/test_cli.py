@@ -21,12 +21,177 @@ def run(script, *args, timeout=600):
     (["--temperature", "-1"], "--temperature"),
     (["--mode", "ssd", "--fan-out", "1,2,3"], "K+1 = 2"),  # K is 1 by default
     (["--k", "0"], "--k must be >= 1"),
+    (["--temperature", "nan"], "--temperature must be a finite number"),  # was decoded greedily
+    (["--temperature", "inf"], "--temperature must be a finite number"),
+    (["--top-p", "nan"], "--top-p must be in (0, 1]"),
+    (["--seed", str(2**63)], "--seed must be in [-2^63, 2^63)"),
+    (["--seed", str(-2**63 - 1)], "--seed must be in [-2^63, 2^63)"),
+    (["--json-out", "/nonexistent-dir/out.jsonl"], "the directory /nonexistent-dir does not exist"),
+    (["--json-out", ROOT], "is a directory; give a file name"),
+    (["--prompts", ROOT], "is a directory; give a JSONL file"),
+    (["--fan-out-strategy", "geometric", "--draft", "none"], "no draft is loaded (--draft none)"),
+    # 17 x 16000 branches of 16 tokens: terabytes of draft distributions, refused before anything is loaded.
+    (["--mode", "ssd", "--k", "16", "--fan-out", "16000"], "lower --fan-out, --k or --batch-size"),
 ])
 def test_decode_bad_input_one_line_no_traceback(args, msg):
   r = run("decode.py", *args)
   assert r.returncode == 2
   assert msg in r.stderr
   assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _unusable(tmp_path, write: bool) -> str:
+  """Returns a path this process cannot write (write=True) or read: by permissions, or for root (whom permissions
+  do not stop) a procfs file that refuses the operation."""
+  if os.geteuid() == 0:
+    return "/proc/version" if write else "/proc/self/clear_refs"
+  if write:
+    d = tmp_path / "read-only"
+    d.mkdir()
+    d.chmod(0o500)
+    return str(d / "out.jsonl")
+  f = tmp_path / "secret.jsonl"
+  f.write_text('{"prompt": "hi"}\n')
+  f.chmod(0)
+  return str(f)
+
+
+def _draft_without_weights(tmp_path, calibration: str | None = None) -> str:
+  """Returns a draft directory holding only the shipped draft's config.json (and a calibration file): enough for the
+  checks that run before loading, which must fail before the missing weights are noticed."""
+  d = tmp_path / "draft"
+  d.mkdir()
+  (d / "config.json").write_text(open(os.path.join(ROOT, "checkpoints", "draft-smollm2", "config.json")).read())
+  if calibration is not None:
+    (d / "fan_out_calibration.json").write_text(calibration)
+  return str(d)
+
+
+@pytest.mark.parametrize("case", ["unwritable json-out", "unreadable prompts", "binary prompts",
+                                  "draft without calibration", "calibration of the wrong shape"])
+def test_decode_bad_files_one_line_no_traceback(tmp_path, case):
+  """Bad paths and files fail in a second, before any model is loaded (the drafts here have no weights)."""
+  if case == "unwritable json-out":
+    args, msg = ["--json-out", _unusable(tmp_path, write=True)], "cannot be written"
+  elif case == "unreadable prompts":
+    args, msg = ["--prompts", _unusable(tmp_path, write=False)], "cannot be read"
+  elif case == "binary prompts":
+    (tmp_path / "p.jsonl").write_bytes(b"\xff\xfe{}")
+    args, msg = ["--prompts", str(tmp_path / "p.jsonl")], "is not UTF-8 text"
+  elif case == "draft without calibration":  # the default mode: checked even where it would be unused
+    args = ["--fan-out-strategy", "geometric", "--draft", _draft_without_weights(tmp_path)]
+    msg = "no fan-out calibration at"
+  else:
+    args = ["--mode", "ssd", "--fan-out-strategy", "geometric", "--draft",
+            _draft_without_weights(tmp_path, '{"0": [0.5, 0.3]}')]
+    msg = "entry '0' is not {temperature: {a_p, r, ...}}"
+  r = run("decode.py", *args)
+  assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
+  assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_decode_json_out_is_checked_without_touching_the_file(tmp_path):
+  """The early --json-out check leaves no file behind and does not empty an existing one."""
+  from ssd_jax.cli_util import UsageError, check_output_file
+  new, old = tmp_path / "new.jsonl", tmp_path / "old.jsonl"
+  old.write_text("kept\n")
+  check_output_file(str(new), "--json-out")
+  check_output_file(str(old), "--json-out")
+  assert not new.exists() and old.read_text() == "kept\n"
+  with pytest.raises(UsageError, match="does not exist"):
+    check_output_file(str(tmp_path / "missing" / "o.jsonl"), "--json-out")
+
+
+def test_negative_seeds_are_accepted():
+  """JAX makes keys from any 64-bit integer: only values outside int64 are refused."""
+  import jax
+
+  from ssd_jax.cli_util import UsageError, check_seed
+  for seed in (-1, -2**63, 2**63 - 1):
+    check_seed(seed)
+    jax.random.key(seed)
+  for seed in (2**63, -2**63 - 1):
+    with pytest.raises(UsageError):
+      check_seed(seed)
+    with pytest.raises(OverflowError):
+      jax.random.key(seed)
+
+
+def _decode_script():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("decode_script", os.path.join(ROOT, "scripts", "decode.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_options_the_mode_does_not_read_are_listed():
+  decode = _decode_script()
+  args = decode.parse_args(["--k", "2", "--fan-out", "5", "--backup", "fast", "--ssd-placement", "processes",
+                            "--saguaro-c", "0.5", "--fan-out-strategy", "geometric", "--fan-out-miss", "5,5,5"])
+  ssd_only = ["--fan-out", "--fan-out-miss", "--fan-out-strategy", "--backup", "--saguaro-c", "--ssd-placement"]
+  assert decode.ignored_options(args, "ssd") == []
+  assert decode.ignored_options(args, "sd") == ssd_only
+  assert decode.ignored_options(args, "ar") == ["--k"] + ssd_only
+  assert decode.ignored_options(decode.parse_args([]), "ar") == []  # defaults are never reported
+
+
+def test_decode_warns_about_options_the_mode_ignores_and_runs():
+  """--mode ar with SD/SSD options: one warning line naming them, then the decode runs (exit 0)."""
+  r = run("decode.py", "--mode", "ar", "--draft", "none", "--k", "3", "--fan-out", "5", "--max-new-tokens", "1",
+          "--prompt", "Hi")
+  assert r.returncode == 0, r.stderr[-2000:]
+  warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+  assert warnings == ["warning: --k, --fan-out do nothing under --mode ar"]
+  assert "Traceback" not in r.stderr
+
+
+def test_speculation_memory_estimate():
+  """The estimate's parts, by the shapes of draft_tree's outputs, and the check's message."""
+  from ssd_jax.cli_util import UsageError, check_speculation_memory, speculation_memory
+  from ssd_jax.config import tiny_config
+  cfg = tiny_config(vocab_size=300, head_vocab=100)  # n_layers 2, n_heads 4, n_kv_heads 2, head_dim 8
+  est = speculation_memory(cfg, batch=2, k=3, fan_out=(4, 2, 1, 1), max_prompt=10, max_new=20)
+  n = 8
+  slots = 128  # 10 + 20 + (3 + 2 + 3 * 8) = 59 -> one block of 128
+  assert est["tree_q"] == 3 * 2 * n * 3 * 100 * 4 and est["tree_step"] == 3 * 2 * n * 100 * 4
+  assert est["draft_kv"] == 2 * cfg.n_layers * 2 * slots * cfg.n_kv_heads * cfg.head_dim * 4
+  assert est["attention_scores"] == 0
+  assert speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, scores=True)["attention_scores"] == 2 * 4 * n * slots * 4
+  assert est["total"] == est["tree_q"] + est["tree_step"] + est["draft_kv"]
+  check_speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, available=est["total"])
+  check_speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, available=None)  # unknown: no check
+  with pytest.raises(UsageError, match=r"--k 3 with fan-out 4,2,1,1 \(8 branches of 3 tokens, batch 2\)"):
+    check_speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, available=est["total"] - 1)
+
+
+def test_auto_placement_and_default_mode(monkeypatch):
+  """'auto' is the split placement on a CPU with two or more cores, else the in-process devices; the default mode
+  is the fastest measured on the backend (AR on a CPU with the shipped draft), AR where nothing was measured, and
+  SD instead of SSD where the draft has no hardware of its own."""
+  from ssd_jax import api, defaults
+  auto = defaults.auto_ssd_placement
+  assert auto("cpu", 1, False, 2) == "processes" and auto("cpu", 1, False, 16) == "processes"
+  assert auto("cpu", 1, False, 1) == "devices"  # one core: nothing to split
+  assert auto("cpu", 2, False, 8) == "devices" and auto("cpu", 1, True, 8) == "devices"  # TP / multi-process
+  assert auto("gpu", 1, False, 64) == "devices" and auto("tpu", 4, False, 64) == "devices"
+  mode = defaults.default_mode
+  assert mode(True, "cpu", True) == "ar" and mode(True, "cpu", False) == "ar"  # measured: AR beats SD and SSD
+  assert mode(True, "tpu", True) == "ar"  # not measured: AR
+  monkeypatch.setitem(defaults.FASTEST_MEASURED, "gpu", "ssd")
+  assert mode(True, "gpu", True) == "ssd" and mode(True, "gpu", False) == "sd" and mode(False, "gpu", True) == "ar"
+
+  pipe = api.load_tiny()
+  assert pipe.ssd_placement == "auto"
+  monkeypatch.setitem(defaults.FASTEST_MEASURED, "cpu", "ssd")  # as if SSD had measured fastest on a CPU
+  monkeypatch.setattr(defaults, "usable_cores", lambda: 2)
+  assert pipe.mode_and_placement() == ("ssd", "processes")  # its own process: hardware of its own
+  assert pipe.decoder("ssd", pipe.spec_options(k=1, fan_out=2)).draft.remote  # the draft side in a child process
+  monkeypatch.setattr(defaults, "usable_cores", lambda: 1)
+  assert pipe.mode_and_placement() == ("sd", "devices")  # one core: nothing for SSD's draft to run on
+  assert not pipe.decoder("ssd", pipe.spec_options(k=1, fan_out=2)).draft.remote
+  pipe.draft = None
+  assert pipe.default_mode == "ar"
 
 
 _COMPILE = ("from ssd_jax.cli_util import compile_cache; d = compile_cache(); import jax, jax.numpy as jnp; "
@@ -87,13 +252,20 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
               "decode_seconds", "tokens_per_second"):
       assert k in s
     assert s["mode"] == "ar" and s["new_tokens"] == 8
-  out2 = tmp_path / "ssd.jsonl"
-  # No --mode: with the shipped draft loaded the script's default is SSD (without one, AR, as above).
+  out2 = tmp_path / "default.jsonl"
+  # No --mode: the fastest measured on this backend (ssd_jax.defaults); with the shipped draft on a CPU, AR.
   r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--json-out", str(out2))
   assert r.returncode == 0, r.stderr
   s = json.loads(out2.read_text())["stats"]
+  assert s["mode"] == "ar"
+  # --mode ssd without a placement: 'auto', the draft in its own process on a CPU with two cores or more.
+  r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--mode", "ssd", "--json-out", str(out2))
+  assert r.returncode == 0, r.stderr
+  s = json.loads(out2.read_text())["stats"]
   assert s["mode"] == "ssd" and "cache_hit_rate" in s and "target_idle_seconds" in s
-  assert s["devices"]["draft"] not in s["devices"]["target"]  # the script split the CPU: the draft has its own
+  if len(os.sched_getaffinity(0)) >= 2:
+    assert s["placement"]["kind"] == "processes" and set(s["placement"]["draft_cores"]).isdisjoint(
+        s["placement"]["target_cores"])
   r = run("decode.py", "--prompt", "word " * 9000, "--draft", "none")
   assert r.returncode == 2 and "exceeds the context" in r.stderr and "Traceback" not in r.stderr
 

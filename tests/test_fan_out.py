@@ -44,13 +44,41 @@ def test_fit_power_law_recovers_exponent():
 
 def test_calibrated_geometric_reads_nearest_temperature(tmp_path):
   import json
-  (tmp_path / fan_out.CALIBRATION_FILE).write_text(json.dumps({"0": {"a_p": 0.8, "r": 1.0},
-                                                               "1": {"a_p": 0.6, "r": 1.0}}))
-  cal = fan_out.read_calibration(str(tmp_path))
-  assert fan_out.calibrated_geometric(cal, 7, 24, 0.1) == fan_out.geometric_fan_out(7, 24, 0.8, 1.0)
-  assert fan_out.calibrated_geometric(cal, 7, 24, 0.9) == fan_out.geometric_fan_out(7, 24, 0.6, 1.0)
+  f = tmp_path / "cal.json"
+  f.write_text(json.dumps({"0": {"a_p": 0.8, "r": 1.0}, "1": {"a_p": 0.6, "r": 1.0}}))
+  assert fan_out.calibrated_geometric(str(f), 7, 24, 0.1) == fan_out.geometric_fan_out(7, 24, 0.8, 1.0)
+  assert fan_out.calibrated_geometric(str(f), 7, 24, 0.9) == fan_out.geometric_fan_out(7, 24, 0.6, 1.0)
   with pytest.raises(ValueError, match="calibrate_fan_out"):
-    fan_out.read_calibration(str(tmp_path / "none"))
+    fan_out.calibrated_geometric(str(tmp_path / "none.json"), 7, 24, 0.0)
+
+
+@pytest.mark.parametrize("content,msg", [
+    ("[1, 2]", "holds no calibration"),
+    ("{}", "holds no calibration"),
+    ('{"0": 5}', "entry '0' is not"),
+    ('{"0": {"r": 1.0}}', "entry '0' is not"),
+    ('{"0": {"a_p": "high", "r": 1.0}}', "entry '0' is not"),
+    ('{"warm": {"a_p": 0.5, "r": 1.0}}', "entry 'warm' is not"),
+    ('{"0": {"a_p": 1.5, "r": 1.0}}', "needs [0, 1]"),
+    ('{"0": {"a_p": 0.5, "r": NaN}}', "needs > 0"),
+    ("{not json", "cannot read the fan-out calibration"),
+])
+def test_calibration_of_the_wrong_shape_is_one_value_error(tmp_path, content, msg):
+  """A calibration file that is not {temperature: {a_p, r, ...}} fails with one line naming the file, never with a
+  KeyError or TypeError from inside."""
+  f = tmp_path / "fan_out_calibration.json"
+  f.write_text(content)
+  with pytest.raises(ValueError) as e:
+    fan_out.calibrated_geometric(str(f), 2, 9, 0.0)
+  assert msg in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_calibration_keeps_an_infinite_exponent(tmp_path):
+  """fit_power_law returns r = inf when the draft (almost) never misses; json writes it as Infinity."""
+  f = tmp_path / "fan_out_calibration.json"
+  f.write_text('{"0": {"a_p": 0.5, "r": Infinity}}')
+  assert fan_out.read_calibration(str(f)) == {0.0: (0.5, float("inf"))}
+  assert sum(fan_out.calibrated_geometric(str(f), 2, 9, 0.0)) == 9
 
 
 def test_pipeline_reads_geometric_fan_out_from_the_draft_calibration(tmp_path):

@@ -30,7 +30,7 @@ def test_spec_options_reject_bad_settings_when_built(settings, msg):
 def test_geometric_fan_out_comes_from_the_calibration_at_the_nearest_temperature():
   from ssd_jax.fan_out import geometric_fan_out
   spec = SpecOptions(k=3, fan_out=2, fan_out_strategy="geometric")
-  cal = {"0": {"a_p": 0.9, "r": 0.5}, "1": {"a_p": 0.3, "r": 2.0}}
+  cal = {0.0: (0.9, 0.5), 1.0: (0.3, 2.0)}  # as fan_out.read_calibration returns it
   f, f_miss = spec.fan_outs(cal, 0.2)
   assert f == f_miss == geometric_fan_out(3, 8, 0.9, 0.5) != (2, 2, 2, 2)
   assert spec.fan_outs(cal, 0.8)[0] == geometric_fan_out(3, 8, 0.3, 2.0)

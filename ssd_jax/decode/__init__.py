@@ -2,11 +2,16 @@
 
 steps.py holds the jitted decode steps every loop is made of; ar.py, sd.py and ssd.py are the three loops over them;
 speculator.py the draft side SD and SSD talk to (draft.py its model calls, draft_process.py its own process).
+The options import no JAX (scripts check them before choosing the CPU's devices); the decoders load on first use.
 """
-from .ar import ARDecoder
-from .base import DecodeResult
 from .options import DecodeOptions, SpecOptions
-from .sd import SDDecoder
-from .ssd import SSDDecoder
 
 __all__ = ["ARDecoder", "DecodeOptions", "DecodeResult", "SDDecoder", "SSDDecoder", "SpecOptions"]
+_LAZY = {"ARDecoder": "ar", "DecodeResult": "base", "SDDecoder": "sd", "SSDDecoder": "ssd"}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,7 @@
 """What a decode run does, each options object checked once, where it is built; and the context check.
 
+No JAX here: scripts check their options before they choose the CPU's devices.
+
 DecodeOptions (every mode): how many tokens, how they are sampled, where a row stops.
 SpecOptions (SD, SSD): K drafts per round and SSD's tree shape (fan-out), backup, Saguaro sampling and placement.
 """
@@ -10,11 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backup import BACKUPS
 from ..config import ModelConfig
-from ..fan_out import calibrated_geometric, parse_fan_out
+from ..fan_out import geometric_from, parse_fan_out
 
 FAN_OUT_STRATEGIES = ("uniform", "geometric")
+BACKUPS = ("auto", "neural", "fast", "ngram")  # backup.py; 'auto': Theorem 17 from the run's measured statistics
 PLACEMENTS = ("devices", "processes")
 
 
@@ -96,13 +98,13 @@ class SpecOptions:
   def fan_outs(self, calibration: dict | None, temperature: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Returns the tree's (fan-out after a hit, after a miss) for a run at `temperature`.
 
-    calibration: the draft's {temperature: {"a_p", "r"}} (fan_out.read_calibration); geometric fan-out needs it.
+    calibration: the draft's {temperature: (a_p, r)} (fan_out.read_calibration); geometric fan-out needs it.
     """
     if self.fan_out_strategy == "uniform":
       return self.fan_out, self.fan_out_miss
     if calibration is None:
       raise ValueError("geometric fan-out needs the draft's calibration (scripts/calibrate_fan_out.py)")
-    f = calibrated_geometric(calibration, self.k, sum(self.fan_out), temperature)
+    f = geometric_from(calibration, self.k, sum(self.fan_out), temperature)
     return f, (f if self.fan_out_miss == self.fan_out else self.fan_out_miss)
 
   @property

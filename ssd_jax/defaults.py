@@ -1,0 +1,67 @@
+"""What a run gets without options: SSD's placement ('auto') and the default mode, chosen by where it runs.
+
+Both are small functions of what they look at (the backend, the devices, the usable cores, whether a draft is
+loaded), so that a better draft or new measurements change a line here. The measurements behind them are in the
+README ("What runs by default").
+"""
+from __future__ import annotations
+
+import os
+
+MODES = ("ar", "sd", "ssd")
+SSD_PLACEMENTS = ("auto", "devices", "processes")
+
+
+def usable_cores() -> int:
+  """Returns how many CPU cores this process may run on."""
+  return len(os.sched_getaffinity(0))
+
+
+def auto_ssd_placement(backend: str, target_devices: int, multi_process: bool, cores: int) -> str:
+  """Returns the placement 'auto' stands for: 'processes' on a CPU with at least two usable cores, else 'devices'.
+
+  On a CPU the JAX devices of one process share one thread pool, so only a process of its own, pinned to its own
+  cores, gives the draft hardware of its own. That split runs a one-device target in one process; a tensor-parallel
+  target (target_devices > 1) or a jax.distributed run keeps 'devices'. On an accelerator 'devices' puts the draft on
+  the device after the target's (its own, when the host has one more). On a one-core CPU there is nothing to split:
+  'devices', where the draft shares the core with the target (SSD then gains nothing over SD).
+  """
+  if backend == "cpu" and target_devices == 1 and not multi_process and cores >= 2:
+    return "processes"
+  return "devices"
+
+
+# The fastest mode measured on each backend with the shipped draft at K=1 (scripts/bench.py; README, "What runs by
+# default"). A default must never be slower than AR, so a backend nobody has measured runs AR. 2-core CPU, nothing
+# else running: AR 30.33 tok/s, SD 26.97 (0.89x), SSD with its draft in its own process 22.54 (0.74x). Revisit with
+# a better draft: longer accepted runs are what SD and SSD live on.
+FASTEST_MEASURED = {"cpu": "ar"}
+
+
+def default_mode(has_draft: bool, backend: str, draft_has_own_hardware: bool) -> str:
+  """Returns the mode a run without --mode gets: the fastest measured on this backend (`FASTEST_MEASURED`; 'ar'
+  where none is), 'ar' without a draft, and 'sd' for 'ssd' when the draft has no hardware of its own (SSD's overlap
+  would have nothing to run on)."""
+  if not has_draft:
+    return "ar"
+  mode = FASTEST_MEASURED.get(backend, "ar")
+  return "sd" if mode == "ssd" and not draft_has_own_hardware else mode
+
+
+def resolve(has_draft: bool, placement, ssd_placement: str = "auto") -> tuple[str, str]:
+  """Returns (default mode, SSD placement) for a target/draft `placement` (sharding.Placement), 'auto' resolved.
+
+  The draft has hardware of its own in the 'processes' placement, or on an accelerator when its device is not one of
+  the target's; in-process CPU devices share one thread pool, so they never count.
+  """
+  import jax
+
+  if ssd_placement not in SSD_PLACEMENTS:
+    raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
+  backend = jax.default_backend()
+  where = ssd_placement
+  if where == "auto":
+    where = auto_ssd_placement(backend, placement.tp, jax.process_count() > 1, usable_cores())
+  own = where == "processes" or (backend != "cpu"
+                                 and placement.draft_device not in list(placement.target_mesh.devices.flat))
+  return default_mode(has_draft, backend, own), where
