@@ -32,6 +32,13 @@ def parse_args(argv=None):
                  help="comma-separated target-answer corpus directories (scripts/make_target_corpus.py)")
   p.add_argument("--features-dir", default="checkpoints/eagle-features", help="the feature cache (not committed)")
   p.add_argument("--features-only", action="store_true", help="compute the feature cache and stop")
+  p.add_argument("--features-in-memory", action="store_true",
+                 help="compute the features at the start and keep them in memory, no cache (for an accelerator: "
+                      "~7 GB of host memory for 2M tokens, seconds of target time)")
+  p.add_argument("--time-budget", type=float, default=None,
+                 help="stop training after this many seconds (evaluate and export first)")
+  p.add_argument("--feature-rows", type=int, default=64,
+                 help="with --features-in-memory: examples per target pass (each padded to 1,024 tokens)")
   p.add_argument("--target", default="smollm2-135m-instruct")
   p.add_argument("--work-dir", default="checkpoints/eagle-train", help="train state (resumable)")
   p.add_argument("--out", default="checkpoints/eagle-smollm2", help="where the best draft is exported")
@@ -60,7 +67,7 @@ def main(argv=None):
     if not os.path.isdir(c):
       fail(f"--target-corpus: no such directory {c}")
   for name, v in (("--depth", args.depth), ("--seq-len", args.seq_len), ("--batch-size", args.batch_size),
-                  ("--steps", args.steps), ("--head-vocab", args.head_vocab), ("--eval-windows", args.eval_windows)):
+                  ("--steps", args.steps), ("--feature-rows", args.feature_rows), ("--head-vocab", args.head_vocab), ("--eval-windows", args.eval_windows)):
     if v < 1:
       fail(f"{name} must be >= 1, got {v}")
   from ssd_jax import checkpoints
@@ -70,11 +77,19 @@ def main(argv=None):
   tcfg, tparams, _ = checkpoints.load_model(args.target)
   layers = default_feature_layers(tcfg.n_layers)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+  from ssd_jax.training import eagle_train
+  if args.features_in_memory:
+    import jax
+    if args.features_only:
+      fail("--features-only and --features-in-memory exclude each other")
+    with jax.default_matmul_precision("highest"):  # features as exact as the cache's (no TF32 on GPUs)
+      items = features.in_memory(corpora, tparams, tcfg, layers, log=log, bucket=1024,
+                                 tokens_per_batch=args.feature_rows * 1024, fixed_rows=True)
+    return eagle_train.main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=items)
   n = features.build(args.features_dir, corpora, tparams, tcfg, layers, args.target, log=log)
   log(f"features: {n} shards computed, cache complete under {args.features_dir}")
   if args.features_only:
     return 0
-  from ssd_jax.training import eagle_train
   return eagle_train.main_from_args(args, corpora, tcfg, tparams, layers, log)
 
 

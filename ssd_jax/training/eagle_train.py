@@ -46,6 +46,11 @@ class Shard:
   starts: np.ndarray  # [E] where each example (or piece of a long one) begins
 
 
+def split_in_memory(items, held_out: bool) -> list[Shard]:
+  """Returns features.in_memory's shards on one side of the held-out rule, as Shards."""
+  return [Shard(f, i, m, s) for n, f, i, m, s in items if (n % HELD_OUT_EVERY == HELD_OUT_OFFSET) == held_out]
+
+
 def load_shards(root: str, corpora, held_out: bool) -> list[Shard]:
   """Returns the cached shards of `corpora` (directory names or paths) on one side of the held-out rule."""
   out = []
@@ -190,13 +195,29 @@ def make_optimizer(lr: float, min_lr: float, warmup: int, steps: int):
   return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.01))
 
 
-def make_train_step(cfg: EagleConfig, opt, depth: int, weights: tuple):
-  """Returns a jitted step(trained, opt_state, fixed, batch) -> (trained, opt_state, metrics)."""
+def make_timed_optimizer():
+  """AdamW at learning rate 1, for a run whose rate the host sets each step (timed_lr): updates scaled by the rate
+  are exactly AdamW's at that rate, weight decay included."""
+  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1.0, weight_decay=0.01))
 
-  def step(trained, opt_state, fixed, batch):
+
+def timed_lr(lr: float, min_lr: float, warmup: int, steps: int, budget: float, step: int, elapsed: float) -> float:
+  """The learning rate of a run with a time budget: linear warmup over `warmup` steps, then a cosine from lr to
+  min_lr over whichever runs out first, the steps or the seconds, so a run cut short by its budget still decays."""
+  frac = min(1.0, max(step / max(steps, 1), elapsed / budget))
+  cos = min_lr + (lr - min_lr) * 0.5 * (1.0 + np.cos(np.pi * frac))
+  return float(cos * min(1.0, (step + 1) / max(warmup, 1)))
+
+
+def make_train_step(cfg: EagleConfig, opt, depth: int, weights: tuple):
+  """Returns a jitted step(trained, opt_state, fixed, batch, scale) -> (trained, opt_state, metrics); `scale`
+  multiplies the updates (1 with a scheduled optimizer; the learning rate with make_timed_optimizer)."""
+
+  def step(trained, opt_state, fixed, batch, scale):
     (loss, met), grads = jax.value_and_grad(
         lambda w: rollout_loss({**w, **fixed}, batch, cfg, depth, weights), has_aux=True)(trained)
     updates, opt_state = opt.update(grads, opt_state, trained)
+    updates = jax.tree.map(lambda u: u * scale, updates)
     return optax.apply_updates(trained, updates), opt_state, dict(met, loss=loss)
 
   return jax.jit(step, donate_argnums=(0, 1))
@@ -238,6 +259,8 @@ class EagleTrainConfig:
   eval_windows: int = 16
   save_every: int = 50
   log_every: int = 10
+  time_budget: float | None = None  # seconds of training (the learning rate decays over them, timed_lr); past
+  # them the run evaluates, exports and stops. A run with a budget resumes only with a budget (another optimizer).
 
   @property
   def weights(self) -> tuple:
@@ -294,7 +317,8 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
   eval_batches = [make_batch(eval_shards, ev[i:i + tc.batch_size], tc.seq_len, head_map)
                   for i in range(0, len(ev), tc.batch_size)]
   trained, fixed = eagle.split_trainable(params)
-  opt = make_optimizer(tc.lr, tc.min_lr, tc.warmup, tc.steps)
+  timed = tc.time_budget is not None
+  opt = make_timed_optimizer() if timed else make_optimizer(tc.lr, tc.min_lr, tc.warmup, tc.steps)
   opt_state = opt.init(trained)
   step_fn = make_train_step(cfg, opt, tc.depth, tc.weights)
   eval_fn = make_eval_step(cfg, tc.depth)
@@ -318,20 +342,26 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
   log(f"training: {len(windows)} windows of {tc.seq_len} ({sum(e - s for w in windows for _, s, e in w):,} tokens), "
       f"{len(ev)} held-out windows, depth {tc.depth}, {tc.steps} steps")
   t_last, recent = time.perf_counter(), []
+  t_start = t_last
   for step in range(start, tc.steps):
     batch = make_batch(train_shards, [windows[i] for i in window_order(len(windows), tc.seed, step, tc.batch_size)],
                        tc.seq_len, head_map)
-    trained, opt_state, met = step_fn(trained, opt_state, fixed, batch)
+    scale = (timed_lr(tc.lr, tc.min_lr, tc.warmup, tc.steps, tc.time_budget, step, time.perf_counter() - t_start)
+             if timed else 1.0)
+    trained, opt_state, met = step_fn(trained, opt_state, fixed, batch, jnp.float32(scale))
     recent.append(met)
     done = step + 1
-    if done % tc.log_every == 0 or done == tc.steps:
+    last = done == tc.steps or (tc.time_budget is not None and time.perf_counter() - t_start > tc.time_budget)
+    if last and done < tc.steps:
+      log(f"time budget of {tc.time_budget:.0f} s spent: stopping at step {done}")
+    if done % tc.log_every == 0 or last:
       met = jax.device_get(recent)
       dt = (time.perf_counter() - t_last) / len(recent)
       accs = " ".join(f"{np.mean([m[f'acc_{j}'] for m in met]):.3f}" for j in range(tc.depth))
       log(f"step {done}/{tc.steps}: loss {np.mean([m['loss'] for m in met]):.3f}, train agreement by depth "
           f"[{accs}], {dt:.2f} s/step, {tokens_per_step / dt:.0f} tokens/s")
       t_last, recent = time.perf_counter(), []
-    if eval_batches and (done % tc.eval_every == 0 or done == tc.steps):
+    if eval_batches and (done % tc.eval_every == 0 or last):
       res = evaluate(eval_fn, {**trained, **fixed}, eval_batches, tc.depth)
       accs = [res[f"acc_{j}"] for j in range(tc.depth)]
       mean = float(np.mean(accs))
@@ -344,24 +374,30 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
         with open(os.path.join(work_dir, "best.json"), "w") as f:
           json.dump(best, f)
       t_last = time.perf_counter()
-    if done % tc.save_every == 0 or done == tc.steps:
+    if done % tc.save_every == 0 or last:
       mngr.save(done, args=ocp.args.StandardSave({"trained": trained, "opt": jax.tree.leaves(opt_state)}))
+    if last:
+      break
   mngr.wait_until_finished()
   return best
 
 
-def main_from_args(args, corpora, tcfg, tparams, layers, log) -> int:
-  """scripts/train_eagle.py's training phase."""
+def main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=None) -> int:
+  """scripts/train_eagle.py's training phase (on features.in_memory's shards when given, else on the cache)."""
   from .. import checkpoints
   from ..eagle import config_for_target
-  root = args.features_dir
-  train_shards, eval_shards = load_shards(root, corpora, False), load_shards(root, corpora, True)
+  if in_memory is not None:
+    train_shards, eval_shards = split_in_memory(in_memory, False), split_in_memory(in_memory, True)
+  else:
+    root = args.features_dir
+    train_shards, eval_shards = load_shards(root, corpora, False), load_shards(root, corpora, True)
   if not train_shards:
-    raise ValueError(f"no cached features for the corpora under {root}")
+    raise ValueError("no training shards: every shard of the corpora is held out, or no features are cached")
   tc = EagleTrainConfig(seq_len=args.seq_len, batch_size=args.batch_size, steps=args.steps, depth=args.depth,
                         depth_weights=tuple(float(x) for x in args.depth_weights.split(",")) if args.depth_weights
                         else (), lr=args.lr, min_lr=args.min_lr, warmup=args.warmup, seed=args.seed,
-                        eval_every=args.eval_every, eval_windows=args.eval_windows, save_every=args.save_every)
+                        eval_every=args.eval_every, eval_windows=args.eval_windows, save_every=args.save_every,
+                        time_budget=args.time_budget)
   tc.weights  # noqa: B018  (validates)
   os.makedirs(args.work_dir, exist_ok=True)
   head_path = os.path.join(args.work_dir, "head_ids.npy")

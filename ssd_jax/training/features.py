@@ -65,25 +65,29 @@ def example_pieces(ids: np.ndarray, mask: np.ndarray, max_len: int) -> list[tupl
                                                                                                    max_len)]
 
 
-def _batches(pieces, bucket: int, tokens_per_batch: int):
+def _batches(pieces, bucket: int, tokens_per_batch: int, fixed_rows: bool = False):
   """Yields (padded length, rows, [piece indices]) with pieces of similar length together (longest first); rows is
-  a power of two, so a few compiled programs serve every shard with little padding."""
+  a power of two (or, with fixed_rows, always tokens_per_batch // length), so a few compiled programs serve every
+  shard with little padding."""
   order = sorted(range(len(pieces)), key=lambda i: -(pieces[i][1] - pieces[i][0]))
   i = 0
   while i < len(order):
     n = pieces[order[i]][1] - pieces[order[i]][0]
     t = -(-n // bucket) * bucket
     members = order[i:i + max(1, tokens_per_batch // t)]
-    yield t, 1 << (len(members) - 1).bit_length(), members
+    yield t, max(1, tokens_per_batch // t) if fixed_rows else 1 << (len(members) - 1).bit_length(), members
     i += len(members)
 
 
 def shard_features(params, cfg: ModelConfig, ids: np.ndarray, mask: np.ndarray, feature_layers: tuple,
-                   max_len: int = 1024, bucket: int = 64, tokens_per_batch: int = 4096):
-  """Returns (features float16 [N, n_feat * d], starts [E]) for one shard's stream."""
+                   max_len: int = 1024, bucket: int = 64, tokens_per_batch: int = 4096, fixed_rows: bool = False):
+  """Returns (features float16 [N, n_feat * d], starts [E]) for one shard's stream.
+
+  The defaults suit a CPU; an accelerator wants few, large batches of one shape (bucket = max_len,
+  tokens_per_batch = 64 * max_len, fixed_rows), since each new shape is a compilation."""
   pieces = example_pieces(ids, mask, max_len)
   feats = np.zeros((len(ids), len(feature_layers) * cfg.d_model), np.float16)
-  for t, rows, members in _batches(pieces, bucket, tokens_per_batch):
+  for t, rows, members in _batches(pieces, bucket, tokens_per_batch, fixed_rows):
     tok = np.zeros((rows, t), np.int32)
     for r, i in enumerate(members):
       lo, hi = pieces[i]
@@ -138,3 +142,21 @@ def build(root: str, corpus_dirs, params, cfg: ModelConfig, feature_layers: tupl
     log(f"features: {os.path.basename(os.path.normpath(c))} shard {n}: {done_tokens:,}/{total:,} tokens, "
         f"{rate:.0f} tokens/s, ~{(total - done_tokens) / max(rate, 1e-9) / 60:.0f} min left")
   return len(todo)
+
+
+def in_memory(corpus_dirs, params, cfg: ModelConfig, feature_layers: tuple, log=print, **batching) -> list:
+  """Returns [(shard number, feats, ids, mask, starts)] of every shard of `corpus_dirs`, computed now and kept in
+  memory (nothing written): for a machine whose target pass is fast (an accelerator), where a disk cache is not
+  worth it. `batching` goes to shard_features."""
+  out, done, t0 = [], 0, time.perf_counter()
+  for c in corpus_dirs:
+    for n, path in corpus_shards(c):
+      z = np.load(path)
+      feats, starts = shard_features(params, cfg, z["ids"], z["mask"], feature_layers, **batching)
+      if not np.isfinite(feats).all():
+        raise FloatingPointError(f"non-finite target features in {path} (float16 overflow?)")
+      out.append((n, feats, z["ids"], z["mask"], starts))
+      done += len(z["ids"])
+    log(f"features in memory: {os.path.basename(os.path.normpath(c))} done, {done:,} tokens, "
+        f"{done / (time.perf_counter() - t0):.0f} tokens/s")
+  return out
