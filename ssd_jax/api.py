@@ -16,6 +16,8 @@ import dataclasses
 import os
 from typing import Callable, Sequence
 
+import numpy as np
+
 from . import checkpoints, defaults
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
@@ -220,17 +222,23 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   path = draft_dir(draft)
   if path is not None:
     dcfg, dparams, _ = checkpoints.load_model(path)
+    if getattr(dcfg, "kind", None) == "eagle":  # an EAGLE draft reads with the target's embedding and head
+      from .eagle import attach_target, check_target
+      check_target(dcfg, tcfg)
+      dparams = attach_target(dparams, tparams)
     d = LoadedModel(dcfg, dparams, path)
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
 
 
-def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1) -> Pipeline:
+def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False) -> Pipeline:
   """Returns a Pipeline over a tiny random target and draft with a byte-level tokenizer (tests and smoke runs).
 
   The target is a 2-layer d32 Llama over the 259-token vocabulary of `byte_level_tokenizer`. The draft is the same
   network with a reduced vocabulary that leaves out the Latin-1 bytes (as the shipped draft leaves out rare tokens),
   so it agrees with the target wherever the text avoids them: drafts get accepted, SSD's cache hits, and every code
-  path of the real pair runs.
+  path of the real pair runs. eagle=True gives an EAGLE draft instead (ssd_jax/eagle.py, random weights over the
+  same reduced vocabulary, reading a 4-layer target): its guesses are poor, but every code path of a draft that
+  reads the target's features runs.
   """
   import jax
   import jax.numpy as jnp
@@ -241,9 +249,15 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1) ->
 
   tok = TextTokenizer(byte_level_tokenizer())
   known = [i for i in range(tok.vocab_size) if not 0xA1 <= ord(tok.tok.id_to_token(i)[0]) <= 0xFF]
-  tcfg = tiny_config(vocab_size=tok.vocab_size, name="tiny-target")
+  tcfg = tiny_config(vocab_size=tok.vocab_size, name="tiny-target", n_layers=4 if eagle else 2)
   dcfg = tiny_config(vocab_size=tok.vocab_size, head_vocab=len(known), name="tiny-draft")
   tparams = init_params(jax.random.key(seed), tcfg, scale=0.3)
+  if eagle:
+    from . import eagle as eagle_model
+    ecfg = eagle_model.config_for_target(tcfg, len(known), name="tiny-eagle")
+    eparams = eagle_model.init_params(jax.random.key(seed + 1), ecfg, tparams, np.asarray(known), scale=0.3)
+    return Pipeline(LoadedModel(tcfg, tparams, "tiny-target"), tok, LoadedModel(ecfg, eparams, "tiny-eagle"),
+                    placement=make_placement(target_devices, draft_devices))
   head_ids = jnp.asarray(known, jnp.int32)
   vocab_map = jnp.zeros((tok.vocab_size,), jnp.int32).at[head_ids].set(jnp.arange(len(known), dtype=jnp.int32))
   dparams = dict(tparams, embed=tparams["embed"][head_ids], head_ids=head_ids, vocab_map=vocab_map)

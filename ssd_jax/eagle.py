@@ -110,6 +110,16 @@ def config_for_target(target_cfg, head_vocab: int | None, name: str = "eagle-dra
                      max_seq_len=target_cfg.max_seq_len, name=name)
 
 
+def check_target(cfg: EagleConfig, target_cfg) -> None:
+  """Raises ValueError when an EAGLE draft cannot read this target (width, feature layers, vocabulary)."""
+  if cfg.d_model != target_cfg.d_model or cfg.vocab_size != target_cfg.vocab_size:
+    raise ValueError(f"EAGLE draft {cfg.name!r} reads a target of width {cfg.d_model} and vocabulary "
+                     f"{cfg.vocab_size}; this target has {target_cfg.d_model} and {target_cfg.vocab_size}")
+  if max(cfg.feature_layers) >= target_cfg.n_layers:
+    raise ValueError(f"EAGLE draft {cfg.name!r} reads target layers {cfg.feature_layers}; this target has "
+                     f"{target_cfg.n_layers}")
+
+
 # ---------------------------------------------------------------------------------------------------------- params
 
 def init_params(key: jax.Array, cfg: EagleConfig, target_params: dict, head_ids: np.ndarray,

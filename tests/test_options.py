@@ -40,7 +40,8 @@ def test_geometric_fan_out_comes_from_the_calibration_at_the_nearest_temperature
 
 def test_decode_options_reject_bad_values_when_built():
   for bad, msg in ((dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1), "temperature"),
-                   (dict(top_p=0), "top_p")):
+                   (dict(temperature=float("nan")), "finite"), (dict(temperature=float("inf")), "finite"),
+                   (dict(top_p=0), "top_p"), (dict(top_p=float("nan")), "top_p")):
     with pytest.raises(ValueError, match=msg):
       DecodeOptions(**bad)
 

@@ -123,10 +123,14 @@ class SpecBook:
     self.accepted = np.zeros((b, k), np.int64)  # rounds in which draft position j was accepted
     self.reached = np.zeros((b, k), np.int64)   # rounds in which draft position j was tried
 
-  def state(self):
-    """Returns (last two committed tokens [B, 2], committed lengths L [B]) as int32 arrays."""
-    last2 = np.asarray([s[-2:] for s in self.seqs], np.int32)
-    return last2, np.asarray([len(s) for s in self.seqs], np.int32)
+  def state(self, n: int = 2):
+    """Returns (last n committed tokens [B, n], left-padded with 0 where a text is shorter, committed lengths L [B])
+    as int32 arrays."""
+    last = np.zeros((len(self.seqs), n), np.int32)
+    for i, s in enumerate(self.seqs):
+      tail = s[-n:]
+      last[i, n - len(tail):] = tail
+    return last, np.asarray([len(s) for s in self.seqs], np.int32)
 
   def commit(self, accept_len, bonus, drafts, now: float, stream=None):
     """Commits a verified round: accepted drafts plus the bonus, cut at EOS and max_new_tokens."""

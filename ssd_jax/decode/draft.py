@@ -1,9 +1,10 @@
 """A draft model's calls on its own device(s), with its KV cache: what a kind of draft model implements.
 
-The speculators (speculator.py) decide what to draft and with which keys; this object runs the model: `prefill` the
-prompts, `propose` K tokens in one chain (SD's proposal, SSD's neural backup) and `tree` (SSD's glue + fork + tree
-over every likely verify outcome). A draft of another kind (e.g. one that reads the target's features) implements
-the same calls with its own steps.
+The speculators (speculator.py) decide what to draft and with which keys; these objects run the model: `prefill` the
+prompts, `observe` the target features a verify returns (drafts that read them), `propose` K tokens in one chain
+(SD's proposal, SSD's neural backup) and `tree` (SSD's glue + fork + tree over every likely verify outcome). Two
+kinds: `DraftModel`, a standalone small Llama that reads tokens, and `EagleDraftModel`, an EAGLE draft that reads
+the target's features (ssd_jax/eagle.py). `make_draft_model` picks the kind from the config.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from .base import Programs
+from .eagle_steps import eagle_observe, eagle_prefill, eagle_propose, eagle_tree, init_hist
 from .options import DecodeOptions
 from .steps import draft_propose, draft_tree, prefill
 
@@ -29,15 +31,29 @@ class SpecTree(NamedTuple):
   glue_g: jax.Array     # [B, K+1, V_out] the draft's distributions after x_L, s_1..s_j (calibration: bonus ranks)
 
 
+def reads_features(cfg) -> bool:
+  """Whether a draft of this config reads the target's features (an EAGLE draft)."""
+  return getattr(cfg, "kind", None) == "eagle"
+
+
+def make_draft_model(cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray):
+  """Returns the draft model object for `cfg`'s kind (params of an EAGLE draft with the target's parts attached)."""
+  kind = EagleDraftModel if reads_features(cfg) else DraftModel
+  return kind(cfg, params, attn_impl, put, programs, fetch)
+
+
 class DraftModel:
   """A standalone draft (a small Llama reading tokens) placed by `put`, compiled through `programs`; `fetch` reads
   one of its results to the host."""
+
+  feature_layers = ()  # it reads no target features
 
   def __init__(self, cfg: ModelConfig, params, attn_impl: str, put: Callable, programs: Programs,
                fetch: Callable = np.asarray):
     self.cfg, self.attn_impl, self.put, self.run, self.fetch = cfg, attn_impl, put, programs, fetch
     self.params = put(params)
     self.st = dict(cfg=cfg, attn_impl=attn_impl)
+    self.window = 2  # committed tokens each proposal reads: x_{L-1}, x_L
 
   def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
             saguaro_top: int = 0) -> None:
@@ -47,37 +63,96 @@ class DraftModel:
     saguaro_top: Saguaro sampling's rescaled set size (0 = plain sampling).
     """
     put, b = self.put, tokens.shape[0]
-    self.cache = put(KVCache.init(self.cfg, b, slots, self.params["embed"].dtype))
-    self.temp, self.top_p = put(jnp.float32(opts.temperature)), put(jnp.float32(opts.top_p))
-    self.sag_c, self.saguaro_top, self.k = put(jnp.float32(saguaro_c)), saguaro_top, k
+    self._settings(opts, k, saguaro_c, saguaro_top)
+    self.cache = put(KVCache.init(self.cfg, b, slots, jnp.float32))
     self.tokens, self.lengths = put(jnp.asarray(tokens)), put(jnp.asarray(lengths))
-    z, z2, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, 2), (b, k)))
+    z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, k)))
     key = put(jax.random.key(0))
     self.run.compile_only(prefill, self.params, self.tokens, self.lengths, self.cache, **self.st)
-    self.run.compile_only(draft_propose, self.params, self.cache, z2, z, key, self.temp, self.top_p, self.sag_c,
-                          **self.st, k=k, saguaro_top=saguaro_top)
+    self.run.compile_only(draft_propose, self.params, self.cache, zw, z, key, *self._sampling, **self.st, k=k,
+                          saguaro_top=saguaro_top)
     for f in dict.fromkeys(fan_outs):
-      self.run.compile_only(draft_tree, self.params, self.cache, z2, zk, z, key, self.temp, self.top_p, self.sag_c,
-                            **self.st, k=k, fan_out=f, saguaro_top=saguaro_top)
+      self.run.compile_only(draft_tree, self.params, self.cache, zw, zk, z, key, *self._sampling, **self.st, k=k,
+                            fan_out=f, saguaro_top=saguaro_top)
 
-  def prefill(self) -> None:
+  def _settings(self, opts: DecodeOptions, k: int, saguaro_c: float, saguaro_top: int) -> None:
+    put = self.put
+    self._sampling = (put(jnp.float32(opts.temperature)), put(jnp.float32(opts.top_p)), put(jnp.float32(saguaro_c)))
+    self.saguaro_top, self.k = saguaro_top, k
+
+  def prefill(self, features=None) -> None:
     """Writes the prompts into the cache (dispatched; not waited for)."""
     _, self.cache = self.run(prefill, self.params, self.tokens, self.lengths, self.cache, **self.st)
 
-  def propose(self, last2, lengths, key):
+  def observe(self, features, start) -> None:
+    """Takes the target features of a verify's positions (nothing to do for a draft that reads tokens only)."""
+
+  def propose(self, window, lengths, key):
     """Returns (tokens [B, K], q [B, K, V]) drawn one after another after the committed text.
 
-    last2 [B, 2]: the last two committed tokens; lengths [B]: committed lengths L (host arrays).
+    window [B, self.window]: the last committed tokens; lengths [B]: committed lengths L (host arrays).
     """
-    tok, q, self.cache = self.run(draft_propose, self.params, self.cache, self.put(last2), self.put(lengths),
-                                  self.put(key), self.temp, self.top_p, self.sag_c, **self.st, k=self.k,
+    tok, q, self.cache = self.run(draft_propose, self.params, self.cache, self.put(window), self.put(lengths),
+                                  self.put(key), *self._sampling, **self.st, k=self.k, saguaro_top=self.saguaro_top)
+    return tok, q
+
+  def tree(self, window, spec, lengths, key, fan_out: tuple) -> SpecTree:
+    """Returns the speculation cache for every likely outcome of verifying `spec` [B, K] (dispatched, not waited
+    for): glue, fork into fan_out[j] bonus guesses per acceptance length j, K tree steps."""
+    *out, self.cache = self.run(draft_tree, self.params, self.cache, self.put(window), spec, self.put(lengths),
+                                self.put(key), *self._sampling, **self.st, k=self.k, fan_out=fan_out,
+                                saguaro_top=self.saguaro_top)
+    return SpecTree(*out)
+
+
+class EagleDraftModel(DraftModel):
+  """An EAGLE draft (ssd_jax/eagle.py): reads the target's features of every verified position. Besides its KV
+  cache it keeps their fused form by position (eagle_steps: `hist`); a proposal first re-reads the last K+1 committed
+  positions from target features, so what it wrote from its own features there is replaced."""
+
+  def __init__(self, cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray):
+    super().__init__(cfg, params, attn_impl, put, programs, fetch)
+    self.feature_layers = cfg.feature_layers
+
+  def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
+            saguaro_top: int = 0) -> None:
+    put, b = self.put, tokens.shape[0]
+    self._settings(opts, k, saguaro_c, saguaro_top)
+    self.window = k + 1
+    self.cache = put(KVCache.init(self.cfg, b, slots, jnp.float32))
+    self.hist = put(init_hist(self.cfg, b, slots))
+    self.tokens = put(jnp.asarray(tokens))
+    f = self.cfg.feature_dim
+    z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, k)))
+    key = put(jax.random.key(0))
+    self.run.compile_only(eagle_prefill, self.params, self.tokens, put(jnp.zeros(tokens.shape + (f,))), self.cache,
+                          self.hist, **self.st)
+    self.run.compile_only(eagle_observe, self.params, self.hist, put(jnp.zeros((b, k + 1, f))), z)
+    self.run.compile_only(eagle_propose, self.params, self.cache, self.hist, zw, z, key, *self._sampling, **self.st,
+                          k=k, saguaro_top=saguaro_top)
+    for fo in dict.fromkeys(fan_outs):
+      self.run.compile_only(eagle_tree, self.params, self.cache, self.hist, zw, zk, z, key, *self._sampling,
+                            **self.st, k=k, fan_out=fo, saguaro_top=saguaro_top)
+
+  def prefill(self, features=None) -> None:
+    """Writes the prompts and their target features [B, T_pad, n_feat * d] (the target's prefill) into the caches."""
+    if features is None:
+      raise ValueError("an EAGLE draft's prefill needs the target's prompt features")
+    self.cache, self.hist = self.run(eagle_prefill, self.params, self.tokens, self.put(features), self.cache,
+                                     self.hist, **self.st)
+
+  def observe(self, features, start) -> None:
+    """Takes a verify's target features [B, K+1, n_feat * d] of positions start..start+K ([B], host)."""
+    self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start))
+
+  def propose(self, window, lengths, key):
+    tok, q, self.cache = self.run(eagle_propose, self.params, self.cache, self.hist, self.put(window),
+                                  self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
                                   saguaro_top=self.saguaro_top)
     return tok, q
 
-  def tree(self, last2, spec, lengths, key, fan_out: tuple) -> SpecTree:
-    """Returns the speculation cache for every likely outcome of verifying `spec` [B, K] (dispatched, not waited
-    for): glue, fork into fan_out[j] bonus guesses per acceptance length j, K tree steps."""
-    *out, self.cache = self.run(draft_tree, self.params, self.cache, self.put(last2), spec, self.put(lengths),
-                                self.put(key), self.temp, self.top_p, self.sag_c, **self.st, k=self.k,
+  def tree(self, window, spec, lengths, key, fan_out: tuple) -> SpecTree:
+    *out, self.cache = self.run(eagle_tree, self.params, self.cache, self.hist, self.put(window), spec,
+                                self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
                                 fan_out=fan_out, saguaro_top=self.saguaro_top)
     return SpecTree(*out)

@@ -32,9 +32,9 @@ class DecodeOptions:
   def __post_init__(self):
     if self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if not 0 < self.top_p <= 1:
+    if not np.isfinite(self.temperature) or self.temperature < 0:
+      raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+    if not np.isfinite(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
   @property
@@ -119,6 +119,9 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOption
   """Raises ValueError for a draft that cannot speculate for this target with these options."""
   if draft_cfg.vocab_size != target_cfg.vocab_size:
     raise ValueError(f"draft vocabulary ({draft_cfg.vocab_size}) differs from the target's ({target_cfg.vocab_size})")
+  if getattr(draft_cfg, "kind", None) == "eagle":
+    from ..eagle import check_target
+    check_target(draft_cfg, target_cfg)
   if spec.widest > draft_cfg.out_vocab - 1:
     raise ValueError(f"fan-out {spec.widest} exceeds the draft's vocabulary")
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from ..config import ModelConfig
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts
-from .draft import DraftModel
+from .draft import make_draft_model
 from .options import DecodeOptions, SpecOptions, check_context, check_pair
 from .speculator import ChainDraft, DraftJob, Outcome
 from .steps import DRAFT_STREAM, first_tokens, prefill, sd_round_keys, stream_key, verify
@@ -35,8 +35,9 @@ class SDDecoder:
     self.tparams = pl.shard_target(target_params, target_cfg)
     self.programs = Programs()
     # Colocated, as the paper's SD baseline: the draft is replicated on the target's devices.
-    model = DraftModel(draft_cfg, draft_params, attn_impl, pl.to_target, self.programs, pl.fetch)
+    model = make_draft_model(draft_cfg, draft_params, attn_impl, pl.to_target, self.programs, pl.fetch)
     self.dparams = model.params
+    self.feature_layers = model.feature_layers  # the target's features an EAGLE draft reads (none otherwise)
     self.draft = ChainDraft(model, spec)
 
   def check(self, prompt_lens: Sequence[int], max_new_tokens: int) -> None:
@@ -55,7 +56,7 @@ class SDDecoder:
                             self.tparams["embed"].dtype)
     key, temp, top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                          jnp.float32(opts.top_p)))
-    st = dict(cfg=cfg, attn_impl=self.attn_impl)
+    st = dict(cfg=cfg, attn_impl=self.attn_impl, feature_layers=self.feature_layers)
     tokens, lengths = rep(tokens), rep(lengths)
     z = rep(jnp.zeros((b,), jnp.int32))
     self.draft.prepare(DraftJob(prompts, opts))
@@ -67,8 +68,8 @@ class SDDecoder:
       run.compile_only(fn, *args, **kw)
 
     t0 = time.perf_counter()
-    logits, cache = run(prefill, self.tparams, tokens, lengths, cache, **st)
-    self.draft.prefill()
+    logits, cache, *feats = run(prefill, self.tparams, tokens, lengths, cache, **st)
+    self.draft.prefill(*feats)
     first = pl.fetch(run(first_tokens, self.tparams, logits, key, temp, top_p, cfg=cfg))
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, first, opts, k, time.perf_counter())
@@ -83,15 +84,15 @@ class SDDecoder:
       rnd += 1
       spec.tokens.block_until_ready()
       tb = time.perf_counter()
-      acc, bonus, cache = run(verify, self.tparams, cache, rep(book.state()[0][:, 1]), spec.tokens, spec.q,
-                              rep(~book.done), rep(sd_round_keys(root, rnd)[1]), temp, top_p, **st)
+      acc, bonus, cache, *feats = run(verify, self.tparams, cache, rep(book.state()[0][:, 1]), spec.tokens, spec.q,
+                                      rep(~book.done), rep(sd_round_keys(root, rnd)[1]), temp, top_p, **st)
       acc, bonus, drafts = (pl.fetch(x) for x in (acc, bonus, spec.tokens))
       tc = time.perf_counter()
       t_draft += tb - ta
       t_verify += tc - tb
       book.commit(acc, bonus, drafts, tc, stream)
       ta = time.perf_counter()
-      spec = self.draft.outcome(Outcome(acc, bonus))
+      spec = self.draft.outcome(Outcome(acc, bonus, features=feats[0] if feats else None))
     timing = {"draft_seconds": round(t_draft, 4), "verify_seconds": round(t_verify, 4),
               "compile_seconds": round(run.compile_seconds, 3)}
     return book.results(self.mode, t_prefill, t0 + t_prefill, lambda i: timing)

@@ -40,6 +40,8 @@ class Outcome:
   accept_len: np.ndarray  # [B] int32: drafts accepted per row (0 for rows already done)
   bonus: np.ndarray       # [B] int32: the token the target drew after them
   verify_seconds: float = 0.0  # dispatch of the verify to its result (the automatic backup choice weighs it)
+  features: Any = None    # [B, K+1, n_feat * d]: the target's features of the verified positions, for a draft that
+  #                         reads them (EAGLE); positions L-1..L-1+K of the text before this outcome
 
 
 @dataclasses.dataclass
@@ -59,8 +61,8 @@ class DraftSide(Protocol):
   def prepare(self, job: DraftJob) -> float:
     """Compiles the run's programs and sets up its cache; returns its compile seconds so far."""
 
-  def prefill(self, _=None) -> None:
-    """Writes the prompts into its cache."""
+  def prefill(self, features=None) -> None:
+    """Writes the prompts (and, for a draft that reads them, the target's prompt features) into its cache."""
 
   def first(self, first: np.ndarray) -> Speculation | None:
     """Takes the first token of every row [B]; returns the first speculation (None: every row is done)."""
@@ -101,6 +103,15 @@ class InProcessDraft:
     pass
 
 
+def observe(model: DraftModel, book: SpecBook, o: Outcome) -> np.ndarray:
+  """Hands the verify's target features (if any) to the draft model before the outcome is committed; returns the
+  committed lengths L before it (the verify read positions L-1..L-1+K)."""
+  lens = book.state(1)[1]
+  if o.features is not None:
+    model.observe(o.features, lens - 1)
+  return lens
+
+
 class ChainDraft:
   """SD's draft side: after each outcome, K tokens drafted one after another from the committed text."""
 
@@ -117,14 +128,15 @@ class ChainDraft:
     self.root = stream_key(job.opts.seed, DRAFT_STREAM)
     return self.model.run.compile_seconds
 
-  def prefill(self, _=None) -> None:
-    self.model.prefill()
+  def prefill(self, features=None) -> None:
+    self.model.prefill(features)
 
   def first(self, first) -> Speculation | None:
     self.book, self.rnd = SpecBook(self.prompts, first, self.opts, self.k, time.perf_counter()), 0
     return self._propose()
 
   def outcome(self, o: Outcome) -> Speculation | None:
+    observe(self.model, self.book, o)
     self.book.commit(o.accept_len, o.bonus, self.model.fetch(self.served), time.perf_counter())
     return self._propose()
 
@@ -132,8 +144,8 @@ class ChainDraft:
     if self.book.done.all():
       return None
     self.rnd += 1
-    last2, lens = self.book.state()
-    tok, q = self.model.propose(last2, lens, sd_round_keys(self.root, self.rnd)[0])
+    window, lens = self.book.state(self.model.window)
+    tok, q = self.model.propose(window, lens, sd_round_keys(self.root, self.rnd)[0])
     self.served = tok
     return Speculation(tok, q)
 
@@ -190,8 +202,8 @@ class TreeDraft:
       run.compile_only(compact_q, zq, self.model.params["head_ids"])
     return run.compile_seconds
 
-  def prefill(self, _=None) -> None:
-    self.model.prefill()
+  def prefill(self, features=None) -> None:
+    self.model.prefill(features)
 
   def first(self, first) -> Speculation | None:
     """Returns the first speculation (nothing is cached yet: the backup drafts it), None if every row is done."""
@@ -222,9 +234,9 @@ class TreeDraft:
     if self.pending is None:
       return
     tok, self.pending = self.pending, None
-    last2, lens = self.book.state()
+    window, lens = self.book.state(self.model.window)
     self.tree_dispatch = time.perf_counter()
-    self.tree = self.model.tree(last2, tok, lens, self._key(self.rnd + 1, 1),
+    self.tree = self.model.tree(window, tok, lens, self._key(self.rnd + 1, 1),
                                 self.f if self.served == "hit" else self.f_miss)
 
   def outcome(self, o: Outcome) -> Speculation | None:
@@ -234,7 +246,7 @@ class TreeDraft:
     self.tally["verify_s"] += o.verify_seconds
     self.tally["verify_n"] += 1
     live = ~self.book.done
-    lens_before = self.book.state()[1]
+    lens_before = observe(self.model, self.book, o)
     self.book.commit(o.accept_len, o.bonus, self.model.fetch(self.served_tokens), t_recv)
     record_round(self.tally, self.served, live, self.book.seqs, lens_before)
     t_in = time.perf_counter()
@@ -273,7 +285,7 @@ class TreeDraft:
     t = time.perf_counter()
     m, run, k, v = self.model, self.model.run, self.k, self.model.cfg.vocab_size
     if kind == "neural":
-      tok, q = m.propose(*self.book.state(), self._key(self.rnd, 2))
+      tok, q = m.propose(*self.book.state(m.window), self._key(self.rnd, 2))
       tok.block_until_ready()
       self.tally["neural_s"] += time.perf_counter() - t
     elif kind == "fast":

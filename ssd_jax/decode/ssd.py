@@ -22,7 +22,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts
-from .draft import DraftModel
+from .draft import make_draft_model
 from .draft_process import DraftProcess
 from .options import DecodeOptions, SpecOptions, check_context, check_pair
 from .speculator import DraftJob, InProcessDraft, Outcome, TreeDraft, hit_stats
@@ -52,9 +52,12 @@ class SSDDecoder:
                  else self.placement.to_target({"head_ids": np.asarray(draft_params["head_ids"])}))
     self.context = min(target_cfg.max_seq_len, draft_cfg.max_seq_len)
     self.programs = Programs()
+    # The target's features an EAGLE draft reads (none for a draft that reads tokens only): they go with the outcome.
+    self.feature_layers = tuple(getattr(draft_cfg, "feature_layers", ()))
     if spec.placement == "devices":
       self.ddev = self.placement.draft_device
-      model = DraftModel(draft_cfg, draft_params, attn_impl, lambda x: jax.device_put(x, self.ddev), self.programs)
+      model = make_draft_model(draft_cfg, draft_params, attn_impl, lambda x: jax.device_put(x, self.ddev),
+                               self.programs)
       self.dparams = model.params
       self.draft = InProcessDraft(TreeDraft(model, spec, calibration, record_ranks))
     else:
@@ -82,8 +85,12 @@ class SSDDecoder:
       run = _TargetRun(self, tokens, lengths, opts)
       self.draft.receive()
       t0 = time.perf_counter()
-      self.draft.send("prefill")
-      first = run.prefill()
+      if self.feature_layers:  # the draft's prefill reads the target's
+        first, feats = run.prefill()
+        self.draft.send("prefill", self._for_draft(feats))
+      else:  # both prefill at once
+        self.draft.send("prefill")
+        first, _ = run.prefill()
       self.draft.receive()
       t_prefill = time.perf_counter() - t0
       book = SpecBook(prompts, first, opts, self.spec.k, time.perf_counter())
@@ -108,15 +115,16 @@ class SSDDecoder:
       tokens, q = run.to_target(spec)
       t_dispatch = time.perf_counter()
       t["idle"] += t_dispatch - t_verified
-      acc, bonus = run.verify(tokens, q, *nxt)
+      acc, bonus, feats = run.verify(tokens, q, *nxt)
       self.draft.draft_ahead()  # after the verify's dispatch: the target starts first
       acc, bonus = run.fetch(acc), run.fetch(bonus)
+      feats = self._for_draft(feats)
       t_verified = time.perf_counter()
       t["verify"] += t_verified - t_dispatch
       # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
       # while the draft looks the outcome up, instead of before it can start.
-      self.draft.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch))
-      bytes_out += acc.nbytes + bonus.nbytes
+      self.draft.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats))
+      bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
       t_sent = time.perf_counter()
       book.commit(acc, bonus, np.asarray(spec.tokens), t_verified, stream)
       nxt = run.stage(book, rnd + 1)
@@ -124,6 +132,13 @@ class SSDDecoder:
       spec = self.draft.receive()
       t["wait"] += time.perf_counter() - t_verified
     return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=run.programs.compile_seconds)
+
+  def _for_draft(self, feats):
+    """Returns target features in the form the draft side takes them: host arrays for a draft process, else as
+    they are (the draft model moves them to its device)."""
+    if feats is None or not self.draft.remote:
+      return feats
+    return np.asarray(self.placement.fetch(feats))
 
   def _extra(self, s: dict, t: dict, i: int) -> dict:
     """Returns row i's SSD statistics from the draft side's (s) and the target's (t)."""
@@ -157,7 +172,7 @@ class _TargetRun:
   def __init__(self, dec: SSDDecoder, tokens, lengths, opts: DecodeOptions):
     pl, cfg, k, b = dec.placement, dec.tcfg, dec.spec.k, tokens.shape[0]
     self.dec, self.programs, self.fetch, self.rep = dec, dec.programs, pl.fetch, pl.to_target
-    rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl)
+    rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers)
     # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back.
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2)
     self.cache = pl.target_cache(cfg, b, slots, dec.tparams["embed"].dtype)
@@ -174,11 +189,12 @@ class _TargetRun:
     if dec.head is not None:
       run.compile_only(serve_q, dec.head, rep(jnp.zeros((b, k, dec.dcfg.out_vocab))), cfg=dec.dcfg)
 
-  def prefill(self) -> np.ndarray:
-    """Returns the first token of every row [B] after writing the prompts into the target cache."""
+  def prefill(self):
+    """Returns (the first token of every row [B], the prompts' target features or None) after writing the prompts
+    into the target cache."""
     run, p, cfg = self.programs, self.dec.tparams, self.dec.tcfg
-    logits, self.cache = run(prefill, p, self.tokens, self.lengths, self.cache, **self.st)
-    return self.fetch(run(first_tokens, p, logits, self.key, self.temp, self.top_p, cfg=cfg))
+    logits, self.cache, *feats = run(prefill, p, self.tokens, self.lengths, self.cache, **self.st)
+    return self.fetch(run(first_tokens, p, logits, self.key, self.temp, self.top_p, cfg=cfg)), (feats or [None])[0]
 
   def stage(self, book: SpecBook, rnd: int):
     """Returns round rnd's small verify inputs (previous bonus, active rows, key), known once the book is committed."""
@@ -192,7 +208,8 @@ class _TargetRun:
     return tokens, q
 
   def verify(self, tokens, q, bonus_prev, active, key):
-    """Dispatches the verify of `tokens`; returns (accept_len [B], bonus [B]) as target arrays."""
-    acc, bonus, self.cache = self.programs(verify, self.dec.tparams, self.cache, bonus_prev, tokens, q, active, key,
-                                           self.temp, self.top_p, **self.st)
-    return acc, bonus
+    """Dispatches the verify of `tokens`; returns (accept_len [B], bonus [B], the verified positions' target
+    features [B, K+1, n_feat * d] or None) as target arrays."""
+    acc, bonus, self.cache, *feats = self.programs(verify, self.dec.tparams, self.cache, bonus_prev, tokens, q,
+                                                   active, key, self.temp, self.top_p, **self.st)
+    return acc, bonus, (feats or [None])[0]

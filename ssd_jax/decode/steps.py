@@ -18,6 +18,9 @@ SSD's draft, from the same inputs while the target verifies s_1..s_K (`draft_tre
          L+j+d, and attention sees the glue up to its fork point plus its own earlier scratch entries only.
 The result is the speculation cache: for every key (j, c), K tokens and the exact distributions they were drawn from;
 `lookup` finds the verify outcome (k, t*) in it.
+An EAGLE draft (one that reads the target's features) has its own steps, eagle_steps.py: `prefill` and `verify` here
+also return the target's features of the positions they ran (`feature_layers`), which go to the draft with the
+outcome; without feature_layers they compile to exactly the programs a standalone draft uses.
 
 Random streams: each role draws from its own stream of the run's seed (`stream_key`), so the draft's proposals are
 independent of the verifier's uniforms and never reuse the first token's key.
@@ -59,16 +62,20 @@ def sd_round_keys(draft_root, rnd):
   return kd, kv
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
-def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto"):
-  """Returns (logits at each row's last prompt token [B, V_out], cache holding the prompts, lengths set).
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "feature_layers"), donate_argnames=("cache",))
+def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto",
+            feature_layers: tuple = ()):
+  """Returns (logits at each row's last prompt token [B, V_out], cache holding the prompts, lengths set), plus the
+  target features of every prompt position [B, T_pad, n_feat * d] when `feature_layers` is given (an EAGLE draft).
 
-  Static: cfg, attn_impl and the shapes (tokens are padded to a bucket, so a few programs serve all prompts).
+  Static: cfg, attn_impl, feature_layers and the shapes (tokens are padded to a bucket, so a few programs serve all
+  prompts).
   """
   cache = cache.replace(lengths=jnp.zeros_like(lengths))
-  logits, cache = model.forward_causal(params, tokens, cache, cfg, logit_index=(lengths - 1)[:, None],
-                                       attn_impl=attn_impl)
-  return logits[:, 0], cache.replace(lengths=lengths)
+  out = model.forward_causal(params, tokens, cache, cfg, logit_index=(lengths - 1)[:, None], attn_impl=attn_impl,
+                             feature_layers=feature_layers)
+  logits, cache = out[0], out[1].replace(lengths=lengths)
+  return (logits[:, 0], cache) + tuple(out[2:])
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -97,21 +104,23 @@ def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p,
   return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "feature_layers"), donate_argnames=("cache",))
 def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperature, top_p, cfg: ModelConfig,
-           attn_impl: str = "auto"):
-  """Returns (accept_len [B], bonus [B], cache) for one verification of [x_L, s_1..s_K] per row.
+           attn_impl: str = "auto", feature_layers: tuple = ()):
+  """Returns (accept_len [B], bonus [B], cache) for one verification of [x_L, s_1..s_K] per row, plus the target
+  features of those K+1 positions [B, K+1, n_feat * d] when `feature_layers` is given (an EAGLE draft reads them).
 
-  cache.lengths is L-1 on entry; on exit it is L+k for active rows (unchanged for inactive ones). Static: cfg and
-  shapes; temperature and top_p are dynamic.
+  cache.lengths is L-1 on entry; on exit it is L+k for active rows (unchanged for inactive ones). Static: cfg,
+  feature_layers and shapes; temperature and top_p are dynamic.
   """
   tokens = jnp.concatenate([bonus_prev[:, None], drafts], axis=1)
-  logits, cache = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl)
+  out = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl, feature_layers=feature_layers)
+  logits, cache = out[0], out[1]
   p = sampling.processed_probs(logits, temperature, top_p)
   accept_len, bonus = sampling.rejection_sample(key, p, q, drafts)
   accept_len = jnp.where(active, accept_len, 0)
   new_len = cache.lengths + jnp.where(active, 1 + accept_len, 0)
-  return accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))
+  return (accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))) + tuple(out[2:])
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "saguaro_top"), donate_argnames=("cache",))

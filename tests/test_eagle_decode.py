@@ -1,0 +1,169 @@
+"""SD and SSD with an EAGLE draft (one that reads the target's features): greedy output equals AR, the features the
+draft side receives are the target's own at the right positions, and sampled output follows the target."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ssd_jax import eagle, model
+from ssd_jax.config import tiny_config
+from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
+from ssd_jax.decode.draft import EagleDraftModel
+from ssd_jax.kv_cache import KVCache
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]  # ragged rows
+
+
+def _eagle(tcfg, tparams, head_ids, seed=1, scale=0.3):
+  cfg = eagle.config_for_target(tcfg, len(head_ids), name="eagle-test")
+  params = eagle.init_params(jax.random.key(seed), cfg, tparams, np.asarray(head_ids), scale=scale)
+  # Visible residual outputs, so that a wrong feature or position changes what the draft proposes.
+  params["layer"]["wo"] = params["layer"]["wo"] * 8
+  params["layer"]["w_down"] = params["layer"]["w_down"] * 8
+  return cfg, params
+
+
+@pytest.fixture(scope="module")
+def pair():
+  tcfg = tiny_config(vocab_size=64, n_layers=4)
+  tparams = model.init_params(jax.random.key(7), tcfg, scale=0.3)
+  dcfg, dparams = _eagle(tcfg, tparams, np.arange(8, 64))  # a reduced head: ids 0..7 are never proposed
+  return tcfg, tparams, dcfg, dparams
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+  """Records the target features an in-process EAGLE draft is given: ("prefill", feats) and ("observe", feats,
+  start) in order."""
+  calls = []
+  prefill, observe = EagleDraftModel.prefill, EagleDraftModel.observe
+
+  def rec_prefill(self, features=None):
+    calls.append(("prefill", np.asarray(features)))
+    return prefill(self, features)
+
+  def rec_observe(self, features, start):
+    calls.append(("observe", np.asarray(features), np.asarray(start).copy()))
+    return observe(self, features, start)
+
+  monkeypatch.setattr(EagleDraftModel, "prefill", rec_prefill)
+  monkeypatch.setattr(EagleDraftModel, "observe", rec_observe)
+  return calls
+
+
+def _check_features(calls, results, tcfg, tparams, layers, k):
+  """Every feature the draft received for a committed position equals the target's own feature there, computed
+  by one causal pass over the row's final text."""
+  full = []
+  for p, r in zip(PROMPTS, results):
+    text = p + r.token_ids
+    _, _, f = model.forward_causal(tparams, jnp.asarray([text]), KVCache.init(tcfg, 1, len(text) + 8), tcfg,
+                                   feature_layers=layers)
+    full.append(np.asarray(f[0]))
+  assert calls[0][0] == "prefill"
+  for i, p in enumerate(PROMPTS):
+    np.testing.assert_allclose(calls[0][1][i, : len(p)], full[i][: len(p)], rtol=2e-4, atol=2e-4)
+  checked = 0
+  obs = calls[1:]
+  for (_, feats, start), (_, _, nxt) in zip(obs, obs[1:]):
+    for i in range(len(PROMPTS)):
+      # Positions start..start+K were verified; the next round starts past the ones committed (the token before
+      # the drafts and the accepted drafts), whose features must be the target's own on the final text.
+      n = int(nxt[i] - start[i])
+      assert 0 <= n <= k + 1
+      if n:
+        np.testing.assert_allclose(feats[i, :n], full[i][start[i]:start[i] + n], rtol=2e-4, atol=2e-4)
+        checked += n
+  assert checked > 0
+
+
+@pytest.mark.parametrize("mode,k", [("sd", 1), ("sd", 3), ("ssd", 1), ("ssd", 3)])
+def test_greedy_eagle_equals_ar_and_reads_the_targets_features(pair, recorded, mode, k):
+  tcfg, tparams, dcfg, dparams = pair
+  opts = DecodeOptions(max_new_tokens=14, ignore_eos=True)
+  want = [r.token_ids for r in ARDecoder(tcfg, tparams).generate(PROMPTS, opts)]
+  if mode == "sd":
+    dec = SDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=k))
+  else:
+    dec = SSDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=k, fan_out=3, placement="devices"))
+  res = dec.generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == want
+  _check_features(recorded, res, tcfg, tparams, dcfg.feature_layers, k)
+
+
+def test_eagle_draft_needs_a_matching_target(pair):
+  tcfg, tparams, dcfg, dparams = pair
+  other = tiny_config(vocab_size=64, n_layers=2)
+  with pytest.raises(ValueError, match="layers"):
+    SDDecoder(other, model.init_params(jax.random.key(0), other), dcfg, dparams, SpecOptions(k=2))
+
+
+def _v4_pair():
+  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, n_layers=3)
+  tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
+  dcfg, dp = _eagle(cfg, tp, np.arange(4), seed=5, scale=0.5)
+  return cfg, tp, dcfg, dp
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_eagle_temperature_one_matches_target_joint_distribution(mode):
+  """Tokens emitted through speculation rounds with an EAGLE draft (SSD: hits and misses) jointly follow the target's
+  distribution: 3000 rows of one prompt, chi-square over the 64 cells of the first three tokens (test_sd's)."""
+  from test_sd import assert_joint_matches_target
+  cfg, tp, dcfg, dp = _v4_pair()
+  prompt = [1, 2, 0]
+  opts = DecodeOptions(max_new_tokens=3, temperature=1.0, ignore_eos=True, seed=3)
+  if mode == "sd":
+    res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)).generate([prompt] * 3000, opts)
+    assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
+  else:
+    res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=2, placement="devices")).generate(
+        [prompt] * 3000, opts)
+    assert 0.1 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.98  # hits and misses both count
+  assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
+
+
+@pytest.fixture(scope="module")
+def agreeing_pair():
+  """A V=8 target and an EAGLE draft that agrees with it often enough (about 1 draft in 3) for the replay test."""
+  cfg = tiny_config(vocab_size=8, n_layers=4)
+  tp = model.init_params(jax.random.key(2), cfg, scale=0.3)
+  dcfg, dp = _eagle(cfg, tp, np.arange(8), seed=0, scale=0.1)
+  return cfg, tp, dcfg, dp
+
+
+REPLAY_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 1, 2, 3], [1], [2, 3, 4, 5, 6]]
+
+
+@pytest.mark.parametrize("mode,k,placement", [("sd", 1, None), ("sd", 3, None), ("ssd", 1, "devices"),
+                                              ("ssd", 2, "devices"), ("ssd", 2, "processes")])
+def test_greedy_eagle_rounds_equal_the_teacher_forced_replay(agreeing_pair, mode, k, placement):
+  """Round for round, greedy decoding with an EAGLE draft accepts exactly what the teacher-forced replay of its
+  training rollout predicts (ssd_jax.acceptance.replay_eagle_rounds): the same rounds, accepted drafts and, for SSD,
+  cache hits. A draft that misses the verify's features, reads them at the wrong positions, or pre-drafts SSD's
+  outcomes from anything but its own activations (Figure 9) proposes other tokens and fails this."""
+  from ssd_jax import acceptance
+  from ssd_jax.training.eagle_eval import answer_stats
+  if placement == "processes" and len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs two CPU cores")
+  cfg, tp, dcfg, dp = agreeing_pair
+  opts = DecodeOptions(max_new_tokens=30, ignore_eos=True)
+  if mode == "sd":
+    res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=k)).generate(REPLAY_PROMPTS, opts)
+  else:
+    res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=k, fan_out=2, backup="neural", placement=placement)).generate(
+        REPLAY_PROMPTS, opts)
+  total = 0
+  for p, r in zip(REPLAY_PROMPTS, res):
+    # The first token comes from the target's prefill; rounds draft the rest.
+    top, _, _ = answer_stats(tp, cfg, dp, dcfg, p + r.token_ids[:1], r.token_ids[1:], 2 * k + 1, 3)
+    rep = acceptance.replay_eagle_rounds(top, np.asarray(r.token_ids[1:]), k,
+                                         None if mode == "sd" else (2,) * (k + 1))
+    e = r.stats.extra
+    assert (e["rounds"], e["drafts_accepted"]) == (rep["rounds"], rep["accepted"])
+    if mode == "ssd":
+      assert e["cache_hit_rate"] == pytest.approx(rep["hits"] / rep["hit_chances"], abs=1e-4)
+    total += rep["accepted"]
+  assert total >= 10  # the draft agrees often enough for the comparison to mean something
