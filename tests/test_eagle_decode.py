@@ -93,6 +93,16 @@ def test_greedy_eagle_equals_ar_and_reads_the_targets_features(pair, recorded, m
   _check_features(recorded, res, tcfg, tparams, dcfg.feature_layers, k)
 
 
+@pytest.mark.parametrize("backup", ["fast", "ngram", "auto"])
+def test_greedy_eagle_ssd_backups_and_fan_out_vectors(pair, backup):
+  """Every miss backup and per-acceptance-length fan-outs (after a hit and after a miss) keep SSD-EAGLE exact."""
+  tcfg, tparams, dcfg, dparams = pair
+  opts = DecodeOptions(max_new_tokens=12, ignore_eos=True)
+  want = [r.token_ids for r in ARDecoder(tcfg, tparams).generate(PROMPTS, opts)]
+  spec = SpecOptions(k=2, fan_out=(4, 3, 2), fan_out_miss=(6, 2, 1), backup=backup, placement="devices")
+  assert [r.token_ids for r in SSDDecoder(tcfg, tparams, dcfg, dparams, spec).generate(PROMPTS, opts)] == want
+
+
 def test_eagle_draft_needs_a_matching_target(pair):
   tcfg, tparams, dcfg, dparams = pair
   other = tiny_config(vocab_size=64, n_layers=2)
@@ -107,8 +117,8 @@ def _v4_pair():
   return cfg, tp, dcfg, dp
 
 
-@pytest.mark.parametrize("mode", ["sd", "ssd"])
-def test_eagle_temperature_one_matches_target_joint_distribution(mode):
+@pytest.mark.parametrize("mode,backup", [("sd", None), ("ssd", "neural"), ("ssd", "fast")])
+def test_eagle_temperature_one_matches_target_joint_distribution(mode, backup):
   """Tokens emitted through speculation rounds with an EAGLE draft (SSD: hits and misses) jointly follow the target's
   distribution: 3000 rows of one prompt, chi-square over the 64 cells of the first three tokens (test_sd's)."""
   from test_sd import assert_joint_matches_target
@@ -119,7 +129,7 @@ def test_eagle_temperature_one_matches_target_joint_distribution(mode):
     res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)).generate([prompt] * 3000, opts)
     assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   else:
-    res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=2, placement="devices")).generate(
+    res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=2, backup=backup, placement="devices")).generate(
         [prompt] * 3000, opts)
     assert 0.1 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.98  # hits and misses both count
   assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
