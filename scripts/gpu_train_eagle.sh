@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Trains the EAGLE draft on one GPU (issue #31), target features computed in memory (no cache): the target pass over
-# the 2M tokens of the corpora takes seconds there, and a step of 64 windows of 512 a fraction of a second.
+# Trains the EAGLE draft on one GPU (issue #31), target features computed in memory (no cache). On one H200 the
+# target pass over the 2.35M tokens of the corpora took 162 s (float32 at full precision) and a training step of 64
+# windows of 512 tokens 0.12 s (270k tokens/s): held-out agreement peaked after ~1,100 steps (36M tokens).
 #
 #   bash scripts/gpu_train_eagle.sh TARGET BUDGET_S [OUT_DIR] [extra train_eagle.py options]
 #
-# TARGET: the target (a name, an ssd-jax checkpoint or the GGUF); BUDGET_S: seconds of training before the final
-# held-out evaluation and export. Writes OUT_DIR (default $OUT, else ./gpu_eagle_out): train.log, env.txt and
+# TARGET: the target (a name, an ssd-jax checkpoint or the GGUF); BUDGET_S: seconds for the whole run (target load,
+# features, compilation, training, the last held-out evaluation and export; give the lease's command limit some
+# margin beyond it for the tarball). Writes OUT_DIR (default $OUT, else ./gpu_eagle_out): train.log, env.txt and
 # eagle.tgz (the best exported draft; unpack it under checkpoints/). Installs nothing: jax, flax, optax, orbax and
 # the gguf reader must be importable (a machine without the last can be given its wheel on PYTHONPATH).
 set -uo pipefail

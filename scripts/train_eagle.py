@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from ssd_jax.cli_util import fail, run_main
 
@@ -36,7 +37,11 @@ def parse_args(argv=None):
                  help="compute the features at the start and keep them in memory, no cache (for an accelerator: "
                       "~7 GB of host memory for 2M tokens, seconds of target time)")
   p.add_argument("--time-budget", type=float, default=None,
-                 help="stop training after this many seconds (evaluate and export first)")
+                 help="seconds for the whole run, from loading the target to the export: training stops early "
+                      "enough (--budget-margin) to evaluate and export, and its learning rate decays over the time "
+                      "it has (for a lease of fixed length)")
+  p.add_argument("--budget-margin", type=float, default=30.0,
+                 help="seconds the run keeps, out of --time-budget, for its last evaluation and export")
   p.add_argument("--feature-rows", type=int, default=64,
                  help="with --features-in-memory: examples per target pass (each padded to 1,024 tokens)")
   p.add_argument("--target", default="smollm2-135m-instruct")
@@ -61,6 +66,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+  t0 = time.monotonic()
   args = parse_args(argv)
   corpora = [c for c in args.target_corpus.split(",") if c]
   for c in corpora:
@@ -78,6 +84,15 @@ def main(argv=None):
   layers = default_feature_layers(tcfg.n_layers)
   log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
   from ssd_jax.training import eagle_train
+
+  def training_budget():
+    """Turns --time-budget (the whole run's) into the training loop's, once features and the target are ready."""
+    if args.time_budget is not None:
+      args.time_budget = args.time_budget - (time.monotonic() - t0) - args.budget_margin
+      if args.time_budget <= 0:
+        fail("--time-budget is spent before training starts (features, loading): give more time")
+      log(f"training budget: {args.time_budget:.0f} s")
+
   if args.features_in_memory:
     import jax
     if args.features_only:
@@ -85,11 +100,13 @@ def main(argv=None):
     with jax.default_matmul_precision("highest"):  # features as exact as the cache's (no TF32 on GPUs)
       items = features.in_memory(corpora, tparams, tcfg, layers, log=log, bucket=1024,
                                  tokens_per_batch=args.feature_rows * 1024, fixed_rows=True)
+    training_budget()
     return eagle_train.main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=items)
   n = features.build(args.features_dir, corpora, tparams, tcfg, layers, args.target, log=log)
   log(f"features: {n} shards computed, cache complete under {args.features_dir}")
   if args.features_only:
     return 0
+  training_budget()
   return eagle_train.main_from_args(args, corpora, tcfg, tparams, layers, log)
 
 
