@@ -13,9 +13,9 @@ prompt; in the chat template, with the default system prompt) is answered greedi
 turns are never answered: they are the fan-out calibration prompts (datasets.sharegpt_calibration_prompts). Each
 batch is written as a shard `shard_NNNNN.npz` (ids uint16 = prompt + answer + end-of-turn, mask uint8 = 1 on the
 answer) under --out, so a stopped run resumes where it left off and training can start on the shards already
-written (`ssd_jax.train.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only ShareGPT is used (or,
-with --prompts-file, the given prompts: e.g. scripts/make_synthetic_prompts.py's); no benchmark or held-out prompt
-set.
+written (`ssd_jax.training.draft_data.load_answer_shards`; `scripts/train_draft.py --target-corpus DIR`). Only
+ShareGPT is used (or, with --prompts-file, the given prompts: e.g. scripts/make_synthetic_prompts.py's); no benchmark
+or held-out prompt set.
 """
 from __future__ import annotations
 

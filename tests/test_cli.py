@@ -272,7 +272,8 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
 
 def test_target_corpus_from_a_prompt_file(tmp_path):
   """make_target_corpus.py --prompts-file answers those prompts (here the synthetic ones), in order of length."""
-  from ssd_jax import api, train
+  from ssd_jax import api
+  from ssd_jax.training.draft_data import load_answer_shards
   prompts = tmp_path / "p.jsonl"
   r = run("make_synthetic_prompts.py", "--out", str(prompts), "--code", "1", "--math", "1", "--instructions", "2")
   assert r.returncode == 0, r.stderr
@@ -281,7 +282,7 @@ def test_target_corpus_from_a_prompt_file(tmp_path):
   out = tmp_path / "answers"
   r = run("make_target_corpus.py", "--tiny", "--prompts-file", str(prompts), "--skip-prompts", "1", "--out", str(out))
   assert r.returncode == 0, r.stderr[-2000:]
-  ids, mask, _, _ = train.load_answer_shards(str(out), heldout_every=10**6)
+  ids, mask, _, _ = load_answer_shards(str(out), heldout_every=10**6)
   pipe = api.load(draft=None)
   got = sorted(texts[1:], key=lambda t: len(pipe.encode_prompt(t)))  # the first was skipped
   want = sum((pipe.encode_prompt(t) for t in got), [])
@@ -302,11 +303,12 @@ def test_target_corpus_then_training_and_resume(tmp_path):
 
   import numpy as np
 
-  from ssd_jax import checkpoints, train
+  from ssd_jax import checkpoints
+  from ssd_jax.training.draft_data import load_answer_shards
   work, out = tmp_path / "work", tmp_path / "draft"
   r = run("make_target_corpus.py", "--tiny", "--out", str(work / "target_answers"))
   assert r.returncode == 0, r.stderr[-2000:]
-  ids, mask, _, _ = train.load_answer_shards(str(work / "target_answers"), heldout_every=10**6)
+  ids, mask, _, _ = load_answer_shards(str(work / "target_answers"), heldout_every=10**6)
   assert len(ids) == len(mask) and 0 < mask.sum() < len(mask)
   # Every answer closes its turn: the last masked token of each answer run is <|im_end|>.
   ends = np.flatnonzero((mask[:-1] == 1) & (mask[1:] == 0))
@@ -414,11 +416,11 @@ def test_target_corpus_then_training_and_resume(tmp_path):
 def test_answer_shards_heldout_rule_is_stable(tmp_path):
   import numpy as np
 
-  from ssd_jax import train
+  from ssd_jax.training.draft_data import load_answer_shards
   for b in (0, 1, 2, 3, 4):
     np.savez(tmp_path / f"shard_{b:05d}.npz", ids=np.full(3, b, np.uint16), mask=np.ones(3, np.uint8))
   np.savez(tmp_path / "shard_00005.tmp.npz", ids=np.zeros(3, np.uint16), mask=np.ones(3, np.uint8))  # in flight
-  ids, _, hids, _ = train.load_answer_shards(str(tmp_path), heldout_every=2, heldout_offset=1)
+  ids, _, hids, _ = load_answer_shards(str(tmp_path), heldout_every=2, heldout_offset=1)
   assert sorted(set(ids.tolist())) == [0, 2, 4] and sorted(set(hids.tolist())) == [1, 3]
 
 

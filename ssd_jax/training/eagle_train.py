@@ -32,8 +32,10 @@ import optax
 
 from .. import eagle
 from ..eagle import EagleConfig
+from .head_vocab import choose_head_vocab
 
-HELD_OUT_EVERY, HELD_OUT_OFFSET = 25, 7  # shard n is held out when n % 25 == 7 (train.load_answer_shards' rule)
+# Shard n is held out when n % 25 == 7 (draft_data.load_answer_shards' rule).
+HELD_OUT_EVERY, HELD_OUT_OFFSET = 25, 7
 
 
 # ------------------------------------------------------------------------------------------------------------- data
@@ -272,7 +274,6 @@ class EagleTrainConfig:
 
 def choose_head(shards: list[Shard], vocab_size: int, size: int) -> np.ndarray:
   """Returns the `size` token ids most often predicted at answer positions (plus ids 0-2), sorted."""
-  from ..train import choose_head_vocab
   ids = np.concatenate([sh.ids for sh in shards]).astype(np.int64)
   mask = np.concatenate([sh.mask for sh in shards])
   return choose_head_vocab(ids, mask, vocab_size, size)

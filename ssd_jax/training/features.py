@@ -29,8 +29,9 @@ from .. import model
 from ..config import ModelConfig
 from ..kernels import causal_mask_info
 from ..kv_cache import KVCache
+from .draft_data import example_starts
 
-START_ID = 1  # <|im_start|>: examples begin at one (train.example_starts)
+START_ID = 1  # <|im_start|>: examples begin at one (draft_data.example_starts)
 _SHARD = re.compile(r"shard_(\d{5})\.npz")
 
 
@@ -58,7 +59,6 @@ def corpus_shards(corpus_dir: str) -> list[tuple[int, str]]:
 
 def example_pieces(ids: np.ndarray, mask: np.ndarray, max_len: int) -> list[tuple[int, int]]:
   """Returns [(start, end)] of the stream's examples, those longer than max_len cut into max_len pieces."""
-  from ..train import example_starts
   starts = example_starts(ids, mask, START_ID)
   bounds = np.append(starts, len(ids))
   return [(lo, min(int(b), lo + max_len)) for a, b in zip(bounds[:-1], bounds[1:]) for lo in range(int(a), int(b),
