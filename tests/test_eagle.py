@@ -12,7 +12,7 @@ from ssd_jax import checkpoints, eagle, model
 from ssd_jax.config import tiny_config
 from ssd_jax.kernels import causal_mask_info
 from ssd_jax.kv_cache import KVCache
-from ssd_jax.training import eagle_train, features
+from ssd_jax.training import eagle_data, eagle_train, features
 
 
 def _target(seed=0, n_layers=5):
@@ -149,8 +149,8 @@ def test_feature_cache_then_training_learns_and_resumes(tmp_path):
                                      KVCache.init(tcfg, 1, 64), tcfg, feature_layers=layers)
   np.testing.assert_allclose(f[s1:s1 + n].astype(np.float32), np.asarray(alone[0]), rtol=2e-3, atol=2e-2)
 
-  shards = eagle_train.load_shards(root, [corpus], held_out=False)
-  head = eagle_train.choose_head(shards, tcfg.vocab_size, 48)
+  shards = eagle_data.load_shards(root, [corpus], held_out=False)
+  head = eagle_data.choose_head(shards, tcfg.vocab_size, 48)
   dcfg = eagle.config_for_target(tcfg, len(head))
   params = eagle.init_params(jax.random.key(0), dcfg, tparams, head)
   tc = eagle_train.EagleTrainConfig(seq_len=64, batch_size=2, steps=30, depth=2, lr=3e-3, warmup=2, eval_every=30,

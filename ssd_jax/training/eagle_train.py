@@ -19,10 +19,8 @@ it follows has produced features, so its first token is at depth k+1 >= 1 and it
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
-import re
 import time
 
 import jax
@@ -32,97 +30,7 @@ import optax
 
 from .. import eagle
 from ..eagle import EagleConfig
-from .head_vocab import choose_head_vocab
-
-# Shard n is held out when n % 25 == 7 (draft_data.load_answer_shards' rule).
-HELD_OUT_EVERY, HELD_OUT_OFFSET = 25, 7
-
-
-# ------------------------------------------------------------------------------------------------------------- data
-
-@dataclasses.dataclass
-class Shard:
-  feats: np.ndarray   # float16 [N, n_feat * d] (memory-mapped)
-  ids: np.ndarray     # [N] token ids
-  mask: np.ndarray    # [N] 1 where the token is an answer token
-  starts: np.ndarray  # [E] where each example (or piece of a long one) begins
-
-
-def split_in_memory(items, held_out: bool) -> list[Shard]:
-  """Returns features.in_memory's shards on one side of the held-out rule, as Shards."""
-  return [Shard(f, i, m, s) for n, f, i, m, s in items if (n % HELD_OUT_EVERY == HELD_OUT_OFFSET) == held_out]
-
-
-def load_shards(root: str, corpora, held_out: bool) -> list[Shard]:
-  """Returns the cached shards of `corpora` (directory names or paths) on one side of the held-out rule."""
-  out = []
-  for c in corpora:
-    d = os.path.join(root, os.path.basename(os.path.normpath(c)))
-    for meta in sorted(glob.glob(os.path.join(d, "shard_*.meta.npz"))):
-      n = int(re.search(r"shard_(\d{5})\.meta\.npz$", meta).group(1))
-      if (n % HELD_OUT_EVERY == HELD_OUT_OFFSET) != held_out:
-        continue
-      z = np.load(meta)
-      feats = np.load(meta.replace(".meta.npz", ".feats.npy"), mmap_mode="r")
-      out.append(Shard(feats, z["ids"], z["mask"], z["starts"]))
-  return out
-
-
-def pack(shards: list[Shard], seq_len: int) -> list[list[tuple[int, int, int]]]:
-  """Returns windows of whole examples: each a list of (shard, start, end), first-fit decreasing into seq_len."""
-  pieces = []
-  for s, sh in enumerate(shards):
-    bounds = np.append(sh.starts, len(sh.ids))
-    for a, b in zip(bounds[:-1], bounds[1:]):
-      for lo in range(int(a), int(b), seq_len):
-        pieces.append((s, lo, min(int(b), lo + seq_len)))
-  pieces.sort(key=lambda p: -(p[2] - p[1]))
-  room: list[int] = []
-  bins: list[list] = []
-  for p in pieces:
-    n = p[2] - p[1]
-    for i, r in enumerate(room):
-      if r >= n:
-        room[i] -= n
-        bins[i].append(p)
-        break
-    else:
-      room.append(seq_len - n)
-      bins.append([p])
-  return bins
-
-
-def make_batch(shards: list[Shard], windows, seq_len: int, head_map: np.ndarray) -> dict:
-  """Returns numpy arrays for windows: tokens, feats, labels (head rows), loss (weights), seg, pos, all [B, T(, F)].
-
-  loss is 1 where the label is an answer token the head can express: drafting only ever predicts answer tokens.
-  seg numbers the examples of a window from 1 (0 = padding); pos counts from each example's start.
-  """
-  b, f = len(windows), shards[0].feats.shape[1]
-  out = {"tokens": np.zeros((b, seq_len), np.int32), "feats": np.zeros((b, seq_len, f), np.float16),
-         "labels": np.zeros((b, seq_len), np.int32), "loss": np.zeros((b, seq_len), np.float32),
-         "seg": np.zeros((b, seq_len), np.int32), "pos": np.zeros((b, seq_len), np.int32)}
-  for r, win in enumerate(windows):
-    at = 0
-    for e, (s, lo, hi) in enumerate(win):
-      sh, n = shards[s], hi - lo
-      sl = slice(at, at + n)
-      out["tokens"][r, sl] = sh.ids[lo:hi]
-      out["feats"][r, sl] = sh.feats[lo:hi]
-      # The label at p is the token after it: at answer positions, the target's own greedy choice.
-      lab = np.zeros((n,), np.int64)
-      nxt = sh.ids[lo + 1:hi + 1]
-      lab[: len(nxt)] = nxt
-      out["labels"][r, sl] = head_map[lab]
-      nxt_answer = np.zeros((n,), np.uint8)
-      nxt_answer[: len(nxt)] = sh.mask[lo + 1:hi + 1]
-      known = head_map[lab] >= 0
-      out["loss"][r, sl] = (nxt_answer > 0) & known
-      out["seg"][r, sl] = e + 1
-      out["pos"][r, sl] = np.arange(n)
-      at += n
-  out["labels"] = np.maximum(out["labels"], 0)
-  return out
+from .eagle_data import Shard, choose_head, load_shards, make_batch, pack, split_in_memory, window_order
 
 
 # ------------------------------------------------------------------------------------------------------------- loss
@@ -272,21 +180,6 @@ class EagleTrainConfig:
     return w
 
 
-def choose_head(shards: list[Shard], vocab_size: int, size: int) -> np.ndarray:
-  """Returns the `size` token ids most often predicted at answer positions (plus ids 0-2), sorted."""
-  ids = np.concatenate([sh.ids for sh in shards]).astype(np.int64)
-  mask = np.concatenate([sh.mask for sh in shards])
-  return choose_head_vocab(ids, mask, vocab_size, size)
-
-
-def window_order(n_windows: int, seed: int, step: int, batch: int) -> np.ndarray:
-  """Returns the windows of a step: epochs are seeded permutations, so a resumed run draws the same batches."""
-  per_epoch = n_windows // batch
-  epoch, at = divmod(step, per_epoch)
-  perm = np.random.default_rng([seed, epoch]).permutation(n_windows)
-  return perm[at * batch:(at + 1) * batch]
-
-
 def export(out: str, cfg: EagleConfig, params: dict, extra: dict) -> None:
   """Writes an EAGLE draft checkpoint (16-bit weights, without the target's parts) to `out`."""
   from ..checkpoints import save_checkpoint
@@ -313,10 +206,7 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
   windows = pack(train_shards, tc.seq_len)
   if len(windows) < tc.batch_size:
     raise ValueError(f"{len(windows)} training windows are fewer than a batch of {tc.batch_size}")
-  ev = pack(eval_shards, tc.seq_len) if eval_shards else []
-  ev = [ev[i] for i in np.linspace(0, len(ev) - 1, min(tc.eval_windows, len(ev))).astype(int)] if ev else []
-  eval_batches = [make_batch(eval_shards, ev[i:i + tc.batch_size], tc.seq_len, head_map)
-                  for i in range(0, len(ev), tc.batch_size)]
+  n_eval, eval_batches = _eval_batches(eval_shards, tc, head_map)
   trained, fixed = eagle.split_trainable(params)
   timed = tc.time_budget is not None
   opt = make_timed_optimizer() if timed else make_optimizer(tc.lr, tc.min_lr, tc.warmup, tc.steps)
@@ -326,22 +216,10 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
   os.makedirs(work_dir, exist_ok=True)
   mngr = ocp.CheckpointManager(os.path.abspath(work_dir),
                                options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-  start, best = 0, {"mean_acc": -1.0}
-  if mngr.latest_step() is not None:
-    start = mngr.latest_step()
-    abstract = {"trained": trained, "opt": jax.tree.leaves(opt_state)}
-    got = mngr.restore(start, args=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                                                                           abstract)))
-    trained = jax.tree.map(jnp.asarray, got["trained"])
-    opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), [jnp.asarray(x) for x in got["opt"]])
-    best_path = os.path.join(work_dir, "best.json")
-    if os.path.exists(best_path):
-      with open(best_path) as f:
-        best = json.load(f)
-    log(f"resumed at step {start}")
+  start, trained, opt_state, best = _resume(mngr, work_dir, trained, opt_state, log)
   tokens_per_step = tc.batch_size * tc.seq_len
   log(f"training: {len(windows)} windows of {tc.seq_len} ({sum(e - s for w in windows for _, s, e in w):,} tokens), "
-      f"{len(ev)} held-out windows, depth {tc.depth}, {tc.steps} steps")
+      f"{n_eval} held-out windows, depth {tc.depth}, {tc.steps} steps")
   t_last, recent = time.perf_counter(), []
   t_start = t_last
   for step in range(start, tc.steps):
@@ -356,11 +234,7 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
     if last and done < tc.steps:
       log(f"time budget of {tc.time_budget:.0f} s spent: stopping at step {done}")
     if done % tc.log_every == 0 or last:
-      met = jax.device_get(recent)
-      dt = (time.perf_counter() - t_last) / len(recent)
-      accs = " ".join(f"{np.mean([m[f'acc_{j}'] for m in met]):.3f}" for j in range(tc.depth))
-      log(f"step {done}/{tc.steps}: loss {np.mean([m['loss'] for m in met]):.3f}, train agreement by depth "
-          f"[{accs}], {dt:.2f} s/step, {tokens_per_step / dt:.0f} tokens/s")
+      _log_steps(log, recent, done, tc, time.perf_counter() - t_last)
       t_last, recent = time.perf_counter(), []
     if eval_batches and (done % tc.eval_every == 0 or last):
       res = evaluate(eval_fn, {**trained, **fixed}, eval_batches, tc.depth)
@@ -381,6 +255,44 @@ def train(cfg: EagleConfig, params: dict, train_shards: list[Shard], eval_shards
       break
   mngr.wait_until_finished()
   return best
+
+
+def _eval_batches(eval_shards: list[Shard], tc: EagleTrainConfig, head_map: np.ndarray) -> tuple[int, list[dict]]:
+  """Returns (number of held-out windows, their batches): up to tc.eval_windows windows spread over the held-out
+  shards' packing."""
+  ev = pack(eval_shards, tc.seq_len) if eval_shards else []
+  ev = [ev[i] for i in np.linspace(0, len(ev) - 1, min(tc.eval_windows, len(ev))).astype(int)] if ev else []
+  return len(ev), [make_batch(eval_shards, ev[i:i + tc.batch_size], tc.seq_len, head_map)
+                   for i in range(0, len(ev), tc.batch_size)]
+
+
+def _resume(mngr, work_dir: str, trained, opt_state, log):
+  """Returns (step, trained, opt_state, best figures) from work_dir's latest train state, or the given state at
+  step 0 when there is none."""
+  import orbax.checkpoint as ocp
+
+  if mngr.latest_step() is None:
+    return 0, trained, opt_state, {"mean_acc": -1.0}
+  start, best = mngr.latest_step(), {"mean_acc": -1.0}
+  abstract = {"trained": trained, "opt": jax.tree.leaves(opt_state)}
+  got = mngr.restore(start, args=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract)))
+  trained = jax.tree.map(jnp.asarray, got["trained"])
+  opt_state = jax.tree.unflatten(jax.tree.structure(opt_state), [jnp.asarray(x) for x in got["opt"]])
+  best_path = os.path.join(work_dir, "best.json")
+  if os.path.exists(best_path):
+    with open(best_path) as f:
+      best = json.load(f)
+  log(f"resumed at step {start}")
+  return start, trained, opt_state, best
+
+
+def _log_steps(log, recent: list, done: int, tc: EagleTrainConfig, seconds: float) -> None:
+  """Logs the mean loss and train agreement by depth of the `recent` steps' metrics, and their speed."""
+  met = jax.device_get(recent)
+  dt = seconds / len(recent)
+  accs = " ".join(f"{np.mean([m[f'acc_{j}'] for m in met]):.3f}" for j in range(tc.depth))
+  log(f"step {done}/{tc.steps}: loss {np.mean([m['loss'] for m in met]):.3f}, train agreement by depth "
+      f"[{accs}], {dt:.2f} s/step, {tc.batch_size * tc.seq_len / dt:.0f} tokens/s")
 
 
 def main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=None) -> int:
