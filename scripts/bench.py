@@ -238,7 +238,45 @@ def main(argv=None):
   args = parse_args(argv)
   modes = check_args(args)
   split_cpu(max(2, args.target_devices + args.draft_devices))  # before JAX is imported
-  from ssd_jax import api, benchmark, defaults
+  from ssd_jax import benchmark
+
+  variants = bench_variants(args, modes)
+  if args.verify_cost:
+    return print_verify_cost(args)
+  prompt_sets = read_prompt_sets(args)
+  names = list(prompt_sets)
+  pipe = load_pipe(args, modes)
+  work = tempfile.mkdtemp(prefix="ssd-bench-") if not args.out_dir else args.out_dir
+  os.makedirs(work, exist_ok=True)
+  peer, peer_info = (load_peer(pipe, args, work) if args.peer == "hf" else (None, None))
+  run = Runner(pipe, peer, args)
+  ids = {d: [pipe.encode_prompt(p) for p in ps] for d, ps in prompt_sets.items()}
+  warmup = warm_up(run, variants, ids[names[0]])
+  runs = timed_runs(run, variants, names, ids)
+
+  result = {"schema": benchmark.SCHEMA, "environment": environment(pipe), "args": vars(args), "datasets": names,
+            "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
+                         for v in variants],
+            "warmup": warmup, "runs": runs, "peer": peer_info}
+  result["summary"] = benchmark.summarize(runs, variants, names)
+  result["fan_out_fit"] = benchmark.fan_out_fit(result)
+  if "ar" in modes and args.bandwidth and not args.tiny:
+    result["ar_bandwidth"] = ar_bandwidth(result, pipe, variants)
+  result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  table = benchmark.markdown(result)
+  print("\n" + table)
+  if "ar_bandwidth" in result:
+    b = result["ar_bandwidth"]
+    print(f"\nAR: {b['ar_ms_per_token']:.1f} ms/token; weights {b['weight_bytes'] / 1e6:.0f} MB at measured "
+          f"{b['stream_gbs']:.1f} GB/s => bandwidth limit {b['limit_ms']:.1f} ms/token ({b['fraction_of_limit']:.0%})")
+  print(f"peak resident memory: {result['peak_rss_mb']:.0f} MB")
+  write_outputs(result, table, args)
+  return 0
+
+
+def bench_variants(args, modes) -> list:
+  """Returns the variants to run (modes, the peer's, the sweep), each one's settings checked before anything loads."""
+  from ssd_jax import benchmark, defaults
   from ssd_jax.kernels import masked_attention
   from ssd_jax.sharding import make_placement
 
@@ -256,20 +294,26 @@ def main(argv=None):
   for v in variants:  # each variant's own settings (fan-out against its K, swept temperature, ...) fail before loading
     spec_options(v.opts)
     check_sampling(v.opts["temperature"])
+  return variants
 
-  if args.verify_cost:
-    pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)
-    table = verify_cost_table(pipe)
-    print("| new tokens T (verify K = T-1) | ms | cost / AR step |\n|---|---|---|")
-    for t, ms in table.items():
-      print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x |")
-    if args.json_out:
-      with open(args.json_out, "w") as f:
-        json.dump({"verify_cost_ms": table}, f, indent=1)
-    return 0
 
-  prompt_sets = read_prompt_sets(args)
-  names = list(prompt_sets)
+def print_verify_cost(args) -> int:
+  """--verify-cost: prints (and writes to --json-out) the verify step's cost by the number of new tokens."""
+  from ssd_jax import api
+  pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)
+  table = verify_cost_table(pipe)
+  print("| new tokens T (verify K = T-1) | ms | cost / AR step |\n|---|---|---|")
+  for t, ms in table.items():
+    print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x |")
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump({"verify_cost_ms": table}, f, indent=1)
+  return 0
+
+
+def load_pipe(args, modes):
+  """Returns the pipeline the bench measures (the tiny pair with --tiny), with a draft when a mode needs one."""
+  from ssd_jax import api
   spec = any(m in ("sd", "ssd") for m in modes) or args.peer == "hf"
   if args.tiny:
     pipe = api.load_tiny(seed=args.seed, target_devices=args.target_devices, draft_devices=args.draft_devices)
@@ -279,23 +323,27 @@ def main(argv=None):
                     target_devices=args.target_devices, draft_devices=args.draft_devices)
   if spec and pipe.draft is None:
     fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
+  return pipe
 
-  work = tempfile.mkdtemp(prefix="ssd-bench-") if not args.out_dir else args.out_dir
-  os.makedirs(work, exist_ok=True)
-  peer, peer_info = (load_peer(pipe, args, work) if args.peer == "hf" else (None, None))
-  run = Runner(pipe, peer, args)
-  ids = {d: [pipe.encode_prompt(p) for p in ps] for d, ps in prompt_sets.items()}
-  group = max(v.opts["batch_size"] for v in variants)
 
+def warm_up(run, variants, first) -> dict:
+  """Runs every variant once on the first prompts (compiling every program and touching every buffer before the
+  clock matters); returns each one's wall and compile seconds."""
   warmup = {}
-  first = ids[names[0]]
-  for v in variants:  # compile every program and touch every buffer before the clock matters
+  for v in variants:
     t = time.perf_counter()
     _, comp = run(v, first[: v.opts["batch_size"]])
     warmup[v.label] = {"wall_seconds": round(time.perf_counter() - t, 3), "compile_seconds": round(comp, 3)}
     print(f"[bench] warm-up {v.label}: {warmup[v.label]['wall_seconds']:.1f} s (compile {comp:.1f} s)",
           file=sys.stderr, flush=True)
+  return warmup
 
+
+def timed_runs(run, variants, names, ids) -> list:
+  """Returns the measured runs' records: every set's prompts in groups of the largest batch, each group run by every
+  variant in turn (interleaved, so a slow spell of the machine falls on all of them)."""
+  from ssd_jax import benchmark
+  group = max(v.opts["batch_size"] for v in variants)
   plan = [(d, g, v, ids[d][b: b + v.opts["batch_size"]], list(range(b, min(b + v.opts["batch_size"], len(ids[d])))))
           for d in names for g in range(0, len(ids[d]), group) for v in variants
           for b in range(g, min(g + group, len(ids[d])), v.opts["batch_size"])]
@@ -313,31 +361,23 @@ def main(argv=None):
     print(f"[bench {n}/{len(plan)} {el:.0f}s, eta {el / n * (len(plan) - n):.0f}s] {d}{idx} {v.label}: "
           f"{tps:.2f} tok/s, {rec['new_tokens'] / max(rec['target_forwards'], 1):.2f} tok/fwd{extra}",
           file=sys.stderr, flush=True)
+  return runs
 
-  result = {"schema": benchmark.SCHEMA, "environment": environment(pipe), "args": vars(args), "datasets": names,
-            "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
-                         for v in variants],
-            "warmup": warmup, "runs": runs, "peer": peer_info}
-  result["summary"] = benchmark.summarize(runs, variants, names)
-  result["fan_out_fit"] = benchmark.fan_out_fit(result)
-  if "ar" in modes and args.bandwidth and not args.tiny:
-    import jax
-    bw = streaming_bandwidth_gbs()
-    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
-    ar = next(v for v in variants if v.mode == "ar")
-    ar_tps = result["summary"]["by_variant"][ar.label]["all"]["tokens_per_second"]
-    limit_ms = weight_bytes / (bw * 1e9) * 1e3
-    result["ar_bandwidth"] = {"stream_gbs": bw, "weight_bytes": weight_bytes, "limit_ms": limit_ms,
-                              "ar_ms_per_token": 1e3 / ar_tps, "fraction_of_limit": limit_ms * ar_tps / 1e3}
-  result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  table = benchmark.markdown(result)
-  print("\n" + table)
-  if "ar_bandwidth" in result:
-    b = result["ar_bandwidth"]
-    print(f"\nAR: {b['ar_ms_per_token']:.1f} ms/token; weights {b['weight_bytes'] / 1e6:.0f} MB at measured "
-          f"{b['stream_gbs']:.1f} GB/s => bandwidth limit {b['limit_ms']:.1f} ms/token ({b['fraction_of_limit']:.0%})")
-  print(f"peak resident memory: {result['peak_rss_mb']:.0f} MB")
 
+def ar_bandwidth(result, pipe, variants) -> dict:
+  """Returns AR's time per token against the limit the measured memory bandwidth sets for reading the weights."""
+  import jax
+  bw = streaming_bandwidth_gbs()
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
+  ar = next(v for v in variants if v.mode == "ar")
+  ar_tps = result["summary"]["by_variant"][ar.label]["all"]["tokens_per_second"]
+  limit_ms = weight_bytes / (bw * 1e9) * 1e3
+  return {"stream_gbs": bw, "weight_bytes": weight_bytes, "limit_ms": limit_ms, "ar_ms_per_token": 1e3 / ar_tps,
+          "fraction_of_limit": limit_ms * ar_tps / 1e3}
+
+
+def write_outputs(result, table: str, args) -> None:
+  """Writes the plots and bench.md under --out-dir and the JSON result to --json-out (default <out-dir>/bench.json)."""
   if args.out_dir:
     from ssd_jax import bench_plots
     try:
@@ -354,7 +394,6 @@ def main(argv=None):
   if json_out:
     with open(json_out, "w") as f:
       json.dump(result, f, indent=1)
-  return 0
 
 
 if __name__ == "__main__":

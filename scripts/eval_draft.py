@@ -45,11 +45,44 @@ def main(argv=None):
   args = parse_args(argv)
   if min(args.num_prompts, args.max_new_tokens, args.fan_out) < 1:
     fail("--num-prompts, --max-new-tokens and --fan-out must be >= 1")
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
+  from ssd_jax import acceptance, datasets
 
-  from ssd_jax import acceptance, api, checkpoints, datasets, model
+  pipe, dcfg, dparams, fan_outs = load_pair(args)
+  tcfg, tparams = pipe.target.cfg, pipe.target.params
+  is_eagle = getattr(dcfg, "kind", None) == "eagle"
+  stats = make_stats(tcfg, dcfg)
+  cached = read_answers(args.answers)
+  cost = step_cost(tcfg, tparams, dcfg, dparams, is_eagle)
+
+  def replay(answer_ranks):
+    return {k: {**acceptance.summarize([acceptance.replay_greedy_rounds(r, k, f) for r in answer_ranks], k),
+                "fan_out": list(f)} for k, f in fan_outs.items()}
+
+  report, pooled_ranks = {}, []
+  for name in [d for d in args.datasets.split(",") if d]:
+    prompts = datasets.load_prompts(name, args.num_prompts)
+    answers = target_answers(pipe, name, prompts, args, cached)
+    if is_eagle:
+      report[name] = eagle_set_report(pipe, tparams, tcfg, dparams, dcfg, prompts, answers, fan_outs)
+      r = report[name]
+      print(f"[eval] {name}: greedy agreement by depth {r['agreement_by_depth'][:4]}, SSD replay K=2 per-token "
+            f"acceptance {r['replayed_ssd'][2]['per_token_acceptance']:.3f} over {r['positions']} positions",
+            file=sys.stderr, flush=True)
+      continue
+    report[name], ranks = set_report(pipe, stats, tparams, dparams, prompts, answers, replay)
+    pooled_ranks += ranks
+    print(f"[eval] {name}: greedy alpha {report[name]['alpha_greedy']:.3f}, T=1 alpha {report[name]['alpha_t1']:.3f} "
+          f"over {report[name]['positions']} positions", file=sys.stderr, flush=True)
+  names = list(report)
+  if is_eagle:
+    return print_eagle(report, names, cost, args, fan_outs)
+  return print_standalone(report, names, {"replayed_greedy": replay(pooled_ranks)}, cost, args, fan_outs)
+
+
+def load_pair(args):
+  """Returns (the target's pipeline, the draft's config and params (an EAGLE draft's with the target attached), the
+  fan-out at every K = 1..8)."""
+  from ssd_jax import api, checkpoints
 
   pipe = api.load(draft=None)
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
@@ -61,13 +94,21 @@ def main(argv=None):
       fan_outs = {k: calibrated_geometric(calib, k, (k + 1) * args.fan_out, 0.0) for k in fan_outs}
     except ValueError as e:
       fail(str(e))
-  tcfg, tparams = pipe.target.cfg, pipe.target.params
-  if dcfg.vocab_size != tcfg.vocab_size:
+  if dcfg.vocab_size != pipe.target.cfg.vocab_size:
     fail("draft and target vocabularies differ")
-  is_eagle = getattr(dcfg, "kind", None) == "eagle"
-  if is_eagle:
+  if getattr(dcfg, "kind", None) == "eagle":
     from ssd_jax import eagle
-    dparams = eagle.attach_target(dparams, tparams)
+    dparams = eagle.attach_target(dparams, pipe.target.params)
+  return pipe, dcfg, dparams, fan_outs
+
+
+def make_stats(tcfg, dcfg):
+  """Returns a jitted stats(target params, draft params, tokens [1, T]) -> (greedy agreement, sum min(p, q), the
+  draft's rank of the target's token), each [1, T]."""
+  import jax
+  import jax.numpy as jnp
+
+  from ssd_jax import model
 
   @jax.jit
   def stats(tp, dp, tokens):
@@ -82,75 +123,83 @@ def main(argv=None):
     rank = jnp.where(q_t[..., 0] > 0, (q > q_t).sum(-1), dcfg.vocab_size)
     return greedy, jnp.minimum(p, q).sum(-1), rank
 
-  cached = {}
-  if args.answers and os.path.exists(args.answers):
-    try:
-      with open(args.answers) as f:
-        cached = json.load(f)
-    except (OSError, ValueError) as e:
-      fail(f"cannot read --answers {args.answers}: {e}")
+  return stats
+
+
+def read_answers(path: str | None) -> dict:
+  """Returns the --answers file's cached answers by prompt set ({} when there is none yet)."""
+  if not (path and os.path.exists(path)):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    fail(f"cannot read --answers {path}: {e}")
+
+
+def step_cost(tcfg, tparams, dcfg, dparams, is_eagle: bool) -> dict:
+  """Returns the draft's and the target's decode-step time (interleaved) and multiply-accumulates per token."""
   from ssd_jax.step_cost import compiled_eagle_step, compiled_step, interleaved_ms, macs_per_token
   draft_step = compiled_eagle_step(dcfg, dparams) if is_eagle else compiled_step(dcfg, dparams)
   step_ms = interleaved_ms({"target": compiled_step(tcfg, tparams), "draft": draft_step})
-  d_macs = eagle.macs_per_token(dcfg, fused=False) if is_eagle else macs_per_token(dcfg)
-  cost = {"target_step_ms": step_ms["target"], "draft_step_ms": step_ms["draft"],
+  if is_eagle:
+    from ssd_jax import eagle
+    d_macs = eagle.macs_per_token(dcfg, fused=False)
+  else:
+    d_macs = macs_per_token(dcfg)
+  return {"target_step_ms": step_ms["target"], "draft_step_ms": step_ms["draft"],
           "draft_over_target_time": step_ms["draft"] / step_ms["target"],
           "target_macs_per_token": macs_per_token(tcfg), "draft_macs_per_token": d_macs,
           "draft_over_target_macs": d_macs / macs_per_token(tcfg)}
 
-  def replay(answer_ranks):
-    return {k: {**acceptance.summarize([acceptance.replay_greedy_rounds(r, k, f) for r in answer_ranks], k),
-                "fan_out": list(f)} for k, f in fan_outs.items()}
 
-  report, pooled_ranks = {}, []
-  for name in [d for d in args.datasets.split(",") if d]:
-    prompts = datasets.load_prompts(name, args.num_prompts)
-    entry = cached.get(name, {})
-    if entry.get("prompts") == prompts and entry.get("max_new_tokens") == args.max_new_tokens:
-      answers = entry["answers"]
-      print(f"[eval] {name}: the target's answers from {args.answers}", file=sys.stderr)
-    else:
-      answers = [g.token_ids for g in pipe.generate(prompts, mode="ar", max_new_tokens=args.max_new_tokens,
-                                                    batch_size=4)]
-      cached[name] = {"prompts": prompts, "max_new_tokens": args.max_new_tokens, "answers": answers}
-      if args.answers:
-        with open(args.answers, "w") as f:
-          json.dump(cached, f)
-    if is_eagle:
-      report[name] = eagle_set_report(pipe, tparams, tcfg, dparams, dcfg, prompts, answers, fan_outs)
-      r = report[name]
-      print(f"[eval] {name}: greedy agreement by depth {r['agreement_by_depth'][:4]}, SSD replay K=2 per-token "
-            f"acceptance {r['replayed_ssd'][2]['per_token_acceptance']:.3f} over {r['positions']} positions",
-            file=sys.stderr, flush=True)
-      continue
-    g_all, s_all, r_all = [], [], []
-    for p, answer in zip(prompts, answers):
-      prompt_ids = pipe.encode_prompt(p)
-      ids, n = prompt_ids + answer, len(prompt_ids)
-      pad = -(-len(ids) // 64) * 64  # bucket lengths so few programs compile
-      toks = np.zeros((1, pad), np.int32)
-      toks[0, : len(ids)] = ids
-      gr, st, rk = (np.asarray(x)[0] for x in stats(tparams, dparams, jnp.asarray(toks)))
-      # Position t predicts token t+1: score the positions that predict answer tokens.
-      sl = slice(n - 1, len(ids) - 1)
-      g_all.append(gr[sl])
-      s_all.append(st[sl])
-      r_all.append(rk[sl])
-    pooled_ranks += r_all
-    a0 = float(np.concatenate(g_all).mean())
-    a1 = float(np.concatenate(s_all).mean())
-    report[name] = {"positions": int(sum(len(x) for x in g_all)), "alpha_greedy": a0, "alpha_t1": a1,
-                    "expected_tokens_greedy": {k: expected_tokens(a0, k) for k in range(2, 9)},
-                    "expected_tokens_t1": {k: expected_tokens(a1, k) for k in range(2, 9)},
-                    "replayed_greedy": replay(r_all)}
-    print(f"[eval] {name}: greedy alpha {a0:.3f}, T=1 alpha {a1:.3f} over {report[name]['positions']} positions",
-          file=sys.stderr, flush=True)
-  names = list(report)
-  if is_eagle:
-    return print_eagle(report, names, cost, args, fan_outs)
+def target_answers(pipe, name: str, prompts, args, cached: dict) -> list:
+  """Returns the target's greedy answers to `prompts`: from the --answers file when it holds these prompts and
+  settings, else generated (and written to the file)."""
+  entry = cached.get(name, {})
+  if entry.get("prompts") == prompts and entry.get("max_new_tokens") == args.max_new_tokens:
+    print(f"[eval] {name}: the target's answers from {args.answers}", file=sys.stderr)
+    return entry["answers"]
+  answers = [g.token_ids for g in pipe.generate(prompts, mode="ar", max_new_tokens=args.max_new_tokens,
+                                                batch_size=4)]
+  cached[name] = {"prompts": prompts, "max_new_tokens": args.max_new_tokens, "answers": answers}
+  if args.answers:
+    with open(args.answers, "w") as f:
+      json.dump(cached, f)
+  return answers
+
+
+def set_report(pipe, stats, tparams, dparams, prompts, answers, replay) -> tuple[dict, list]:
+  """Returns (a standalone draft's figures on one prompt set, the draft's rank of every answer token per answer)."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  g_all, s_all, r_all = [], [], []
+  for p, answer in zip(prompts, answers):
+    prompt_ids = pipe.encode_prompt(p)
+    ids, n = prompt_ids + answer, len(prompt_ids)
+    pad = -(-len(ids) // 64) * 64  # bucket lengths so few programs compile
+    toks = np.zeros((1, pad), np.int32)
+    toks[0, : len(ids)] = ids
+    gr, st, rk = (np.asarray(x)[0] for x in stats(tparams, dparams, jnp.asarray(toks)))
+    # Position t predicts token t+1: score the positions that predict answer tokens.
+    sl = slice(n - 1, len(ids) - 1)
+    g_all.append(gr[sl])
+    s_all.append(st[sl])
+    r_all.append(rk[sl])
+  a0 = float(np.concatenate(g_all).mean())
+  a1 = float(np.concatenate(s_all).mean())
+  return {"positions": int(sum(len(x) for x in g_all)), "alpha_greedy": a0, "alpha_t1": a1,
+          "expected_tokens_greedy": {k: expected_tokens(a0, k) for k in range(2, 9)},
+          "expected_tokens_t1": {k: expected_tokens(a1, k) for k in range(2, 9)},
+          "replayed_greedy": replay(r_all)}, r_all
+
+
+def print_standalone(report, names, pooled, cost, args, fan_outs) -> int:
+  """Prints a standalone draft's table (one row a set, then the mean) and its cost; writes --json-out."""
+  import numpy as np
   mean0 = float(np.mean([report[n]["alpha_greedy"] for n in names]))
   mean1 = float(np.mean([report[n]["alpha_t1"] for n in names]))
-  pooled = {"replayed_greedy": replay(pooled_ranks)}
   print("\n| set | greedy alpha | T=1 alpha | E[tokens/fwd] K=4 greedy | K=8 greedy "
         f"| replayed K=1: tokens/fwd, acceptance, hit rate F={fan_outs[1]} | replayed K=2, F={fan_outs[2]} "
         f"| replayed K=4, F={fan_outs[4]} |")

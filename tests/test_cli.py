@@ -295,16 +295,14 @@ def test_target_corpus_from_a_prompt_file(tmp_path):
   assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.slow
-def test_target_corpus_then_training_and_resume(tmp_path):
-  """make_target_corpus.py, then train_draft.py on ShareGPT mixed with that corpus, then a resume."""
-  import re
-  import shutil
-
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """make_target_corpus.py, then train_draft.py on ShareGPT mixed with that corpus, then a resume; returns
+  (tmp dir, work dir, exported draft, the first run's stderr)."""
   import numpy as np
 
-  from ssd_jax import checkpoints
   from ssd_jax.training.draft_data import load_answer_shards
+  tmp_path = tmp_path_factory.mktemp("train_draft")
   work, out = tmp_path / "work", tmp_path / "draft"
   r = run("make_target_corpus.py", "--tiny", "--out", str(work / "target_answers"))
   assert r.returncode == 0, r.stderr[-2000:]
@@ -324,8 +322,26 @@ def test_target_corpus_then_training_and_resume(tmp_path):
           "--corpus-mix", "0.5", "--steps", "4")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "resumed from step 3" in r.stderr
-  cfg, params, tok = checkpoints.load_model(str(out))
+  return tmp_path, work, out, first_err
+
+
+@pytest.mark.slow
+def test_target_corpus_then_training_and_resume(trained):
+  """The fixture's runs (corpus, training, resume) passed their checks; the export loads with its tokenizer."""
+  from ssd_jax import checkpoints
+  _, _, out, _ = trained
+  cfg, _, tok = checkpoints.load_model(str(out))
   assert cfg.head_vocab == 512 and tok is not None
+
+
+@pytest.mark.slow
+def test_training_continues_from_a_draft_and_grows_it(trained):
+  """--init-from with distillation adds to the draft's tokens; --grow-layers / --grow-head train on and resume."""
+  import numpy as np
+
+  from ssd_jax import checkpoints
+  tmp_path, _, out, _ = trained
+  cfg, params, _ = checkpoints.load_model(str(out))
   # Continue training that draft with distillation, in a new work dir: its tokens add to the ones it had.
   prior = json.loads((out / "extra.json").read_text())["train_tokens"]
   out2 = tmp_path / "draft2"
@@ -371,6 +387,14 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   r = run("train_draft.py", "--tiny", "--work-dir", str(tmp_path / "work3"), "--out", str(tmp_path / "d3"),
           "--init-from", str(tmp_path / "missing"))
   assert r.returncode == 2 and "not an ssd-jax checkpoint" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_training_reads_several_corpora_and_whole_examples(trained):
+  """Two corpus directories are read as one; --whole-examples packs them; a missing directory is named."""
+  import re
+  import shutil
+  tmp_path, work, out, first_err = trained
   # Two corpus directories are read as one (here the same shards twice: twice the answer tokens).
   n_one = int(re.search(r"target-answer corpus .*?: ([\d,]+) answer tokens", first_err).group(1).replace(",", ""))
   shutil.copytree(work / "target_answers", tmp_path / "answers_copy")
@@ -388,7 +412,14 @@ def test_target_corpus_then_training_and_resume(tmp_path):
   r = run("train_draft.py", "--tiny", "--work-dir", str(work), "--out", str(out), "--target-corpus",
           f"{work / 'target_answers'},{tmp_path / 'missing'}")
   assert r.returncode == 2 and f"no target-answer corpus at {tmp_path / 'missing'} " in r.stderr
-  # The cached teacher: built once under the work dir, read again (not recomputed) by a resume.
+
+
+@pytest.mark.slow
+def test_cached_teacher_is_built_once_and_shared(trained):
+  """--teacher-top-k: built once under the work dir, read again (not recomputed) by a resume, shared by a later
+  stage through --teacher-cache-dir; its preconditions fail in one line."""
+  import re
+  tmp_path, work, _, _ = trained
   cached = ["--tiny", "--work-dir", str(tmp_path / "work5"), "--out", str(tmp_path / "d5"), "--max-conversations",
             "20", "--target-corpus", str(work / "target_answers"), "--corpus-mix", "1", "--distill-weight", "0.5",
             "--teacher-top-k", "8"]

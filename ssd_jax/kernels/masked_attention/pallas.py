@@ -193,7 +193,6 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
     bq = min(_round_up(block_q or 128, 16), _round_up(rows, 16))  # a sublane-tile multiple, bf16's (16) included
     dp = d
   rows_p = _round_up(rows, bq)
-  nq = rows_p // bq
   s_p = _round_up(s, block_k)
   if s_p != s or dp != d:
     k = jnp.pad(k, ((0, 0), (0, s_p - s), (0, 0), (0, dp - d)))
@@ -201,65 +200,92 @@ def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, inte
   qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows_p - rows), (0, dp - d)))
   k2, v2 = k.reshape(b, s_p, g * dp), v.reshape(b, s_p, g * dp)  # free view: KV head g is lanes [g*D, (g+1)*D)
   vis_end, lo, hi, end = _row_bounds(mask, r, s, rows_p)
-  meta_spec = lambda index_map: pl.BlockSpec((None, bq, 1), index_map)  # noqa: E731
 
   if kernel == "triton":
-    if split_k is None:
-      # Enough programs to fill a GPU (about 2 per SM of an H200's 132), but splits long enough that the partial
-      # results written per split stay well below the keys and values it reads. A guess until measured.
-      split_k = min(1024, max(256, pl.cdiv(s_p, pl.cdiv(256, b * g * nq))))
-    split_k = min(max(block_k, split_k // block_k * block_k), s_p)
-    ns = pl.cdiv(s_p, split_k)
-    compiler_params = None
-    if not interpret:  # Triton's parameters also select the Triton lowering (JAX's GPU default is Mosaic GPU)
-      from jax.experimental.pallas import triton as plgpu
-      compiler_params = plgpu.CompilerParams(num_warps=4, num_stages=2)
-    part_shape = (b, g, ns, rows_p)
-    acc, m, l = pl.pallas_call(
-        functools.partial(_split_kernel, block_k=block_k, split_k=split_k, tree_width=mask.tree_width,
-                          scale=scale),
-        grid=(b, g, nq, ns),
-        in_specs=[pl.BlockSpec((None, None, bq, dp), lambda bi, gi, qi, si: (bi, gi, qi, 0))]
-        + [meta_spec(lambda bi, gi, qi, si: (bi, qi, 0))] * 4
-        + [pl.BlockSpec((None, split_k, dp), lambda bi, gi, qi, si: (bi, si, gi))] * 2,
-        out_specs=[pl.BlockSpec((None, None, None, bq, dp), lambda bi, gi, qi, si: (bi, gi, si, qi, 0)),
-                   pl.BlockSpec((None, None, None, bq, 1), lambda bi, gi, qi, si: (bi, gi, si, qi, 0)),
-                   pl.BlockSpec((None, None, None, bq, 1), lambda bi, gi, qi, si: (bi, gi, si, qi, 0))],
-        out_shape=[jax.ShapeDtypeStruct(part_shape + (dp,), jnp.float32),
-                   jax.ShapeDtypeStruct(part_shape + (1,), jnp.float32),
-                   jax.ShapeDtypeStruct(part_shape + (1,), jnp.float32)],
-        interpret=interpret, compiler_params=compiler_params, name="masked_attention_split",
-        cost_estimate=_cost(q, k, 4 * b * g * ns * rows_p * (dp + 2)),
-    )(qg, end, vis_end, lo, hi, k2, v2)
-    # Merge the splits' partial softmaxes (log-sum-exp): rescale each to the common max, then normalise once.
-    w = jnp.exp(m - jnp.max(m, axis=2, keepdims=True))
-    l_tot = jnp.sum(w * l, axis=2)
-    out = jnp.sum(w * acc, axis=2) / jnp.where(l_tot > 0, l_tot, 1.0)
+    out = _triton_call(qg, k2, v2, (end, vis_end, lo, hi), q, k, block_q=bq, block_k=block_k, split_k=split_k,
+                       tree_width=mask.tree_width, scale=scale, interpret=interpret)
   else:
-    from jax.experimental.pallas import tpu as pltpu
-    nb = s_p // block_k
-    kv_end = jnp.max(end[:, :, 0].reshape(b, nq, bq), axis=2)  # [B, NQ]: last slot any row of the block sees
-
-    def kv_map(bi, qi, ji, kv_end_ref):
-      last = jnp.maximum(lax.div(kv_end_ref[bi, qi] + (block_k - 1), jnp.int32(block_k)) - 1, 0)
-      return bi, jnp.minimum(ji, last), 0
-
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(b, nq, nb),
-        in_specs=[pl.BlockSpec((None, g, bq, d), lambda bi, qi, ji, e: (bi, 0, qi, 0))]
-        + [meta_spec(lambda bi, qi, ji, e: (bi, qi, 0))] * 3
-        + [pl.BlockSpec((None, block_k, g * d), kv_map)] * 2,
-        out_specs=pl.BlockSpec((None, g, bq, d), lambda bi, qi, ji, e: (bi, 0, qi, 0)),
-        scratch_shapes=[pltpu.VMEM((g, bq, 1), jnp.float32), pltpu.VMEM((g, bq, 1), jnp.float32),
-                        pltpu.VMEM((g, bq, d), jnp.float32)])
-    out = pl.pallas_call(
-        functools.partial(_mosaic_kernel, groups=g, head_dim=d, block_k=block_k, tree_width=mask.tree_width,
-                          scale=scale),
-        grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct((b, g, rows_p, d), q.dtype),
-        interpret=pltpu.InterpretParams() if interpret else False,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
-        name="masked_attention_tpu", cost_estimate=_cost(q, k, q.size * q.dtype.itemsize),
-    )(kv_end, qg, vis_end, lo, hi, k2, v2)
+    out = _mosaic_call(qg, k2, v2, (end, vis_end, lo, hi), q, k, block_q=bq, block_k=block_k,
+                       tree_width=mask.tree_width, scale=scale, interpret=interpret)
   out = out[:, :, :rows, :d].reshape(b, g, t, r, d).transpose(0, 2, 1, 3, 4)
   return out.reshape(b, t, h, d).astype(q.dtype)
+
+
+def _meta_spec(block_q: int, index_map):
+  """The BlockSpec of a per-row metadata array [B, rows, 1]: block_q rows a program."""
+  return pl.BlockSpec((None, block_q, 1), index_map)
+
+
+def _triton_call(qg, k2, v2, meta, q, k, *, block_q: int, block_k: int, split_k: int | None, tree_width: int,
+                 scale: float, interpret: bool):
+  """Returns attention [B, G, rows, Dp] (float32) in the GPU layout: grid (B, G, query blocks, cache splits), the
+  splits' partial softmaxes merged by log-sum-exp after the call. qg [B, G, rows, Dp]; k2, v2 [B, S, G * Dp];
+  meta: (end, vis_end, lo, hi), each [B, rows, 1]; q, k: the caller's (padded) inputs, for the cost estimate."""
+  end, vis_end, lo, hi = meta
+  b, g, rows_p, dp = qg.shape
+  s_p, bq = k2.shape[1], block_q
+  nq = rows_p // bq
+  if split_k is None:
+    # Enough programs to fill a GPU (about 2 per SM of an H200's 132), but splits long enough that the partial
+    # results written per split stay well below the keys and values it reads. A guess until measured.
+    split_k = min(1024, max(256, pl.cdiv(s_p, pl.cdiv(256, b * g * nq))))
+  split_k = min(max(block_k, split_k // block_k * block_k), s_p)
+  ns = pl.cdiv(s_p, split_k)
+  compiler_params = None
+  if not interpret:  # Triton's parameters also select the Triton lowering (JAX's GPU default is Mosaic GPU)
+    from jax.experimental.pallas import triton as plgpu
+    compiler_params = plgpu.CompilerParams(num_warps=4, num_stages=2)
+  part_shape = (b, g, ns, rows_p)
+  acc, m, l = pl.pallas_call(
+      functools.partial(_split_kernel, block_k=block_k, split_k=split_k, tree_width=tree_width, scale=scale),
+      grid=(b, g, nq, ns),
+      in_specs=[pl.BlockSpec((None, None, bq, dp), lambda bi, gi, qi, si: (bi, gi, qi, 0))]
+      + [_meta_spec(bq, lambda bi, gi, qi, si: (bi, qi, 0))] * 4
+      + [pl.BlockSpec((None, split_k, dp), lambda bi, gi, qi, si: (bi, si, gi))] * 2,
+      out_specs=[pl.BlockSpec((None, None, None, bq, dp), lambda bi, gi, qi, si: (bi, gi, si, qi, 0)),
+                 pl.BlockSpec((None, None, None, bq, 1), lambda bi, gi, qi, si: (bi, gi, si, qi, 0)),
+                 pl.BlockSpec((None, None, None, bq, 1), lambda bi, gi, qi, si: (bi, gi, si, qi, 0))],
+      out_shape=[jax.ShapeDtypeStruct(part_shape + (dp,), jnp.float32),
+                 jax.ShapeDtypeStruct(part_shape + (1,), jnp.float32),
+                 jax.ShapeDtypeStruct(part_shape + (1,), jnp.float32)],
+      interpret=interpret, compiler_params=compiler_params, name="masked_attention_split",
+      cost_estimate=_cost(q, k, 4 * b * g * ns * rows_p * (dp + 2)),
+  )(qg, end, vis_end, lo, hi, k2, v2)
+  # Merge the splits' partial softmaxes (log-sum-exp): rescale each to the common max, then normalise once.
+  w = jnp.exp(m - jnp.max(m, axis=2, keepdims=True))
+  l_tot = jnp.sum(w * l, axis=2)
+  return jnp.sum(w * acc, axis=2) / jnp.where(l_tot > 0, l_tot, 1.0)
+
+
+def _mosaic_call(qg, k2, v2, meta, q, k, *, block_q: int, block_k: int, tree_width: int, scale: float,
+                 interpret: bool):
+  """Returns attention [B, G, rows, D] in q's dtype in the TPU layout: grid (B, query blocks, key blocks), merged in
+  VMEM, key blocks past the last slot any row of a query block sees never fetched. Arguments as _triton_call's."""
+  from jax.experimental.pallas import tpu as pltpu
+
+  end, vis_end, lo, hi = meta
+  b, g, rows_p, d = qg.shape
+  bq = block_q
+  nq, nb = rows_p // bq, k2.shape[1] // block_k
+  kv_end = jnp.max(end[:, :, 0].reshape(b, nq, bq), axis=2)  # [B, NQ]: last slot any row of the block sees
+
+  def kv_map(bi, qi, ji, kv_end_ref):
+    last = jnp.maximum(lax.div(kv_end_ref[bi, qi] + (block_k - 1), jnp.int32(block_k)) - 1, 0)
+    return bi, jnp.minimum(ji, last), 0
+
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=1, grid=(b, nq, nb),
+      in_specs=[pl.BlockSpec((None, g, bq, d), lambda bi, qi, ji, e: (bi, 0, qi, 0))]
+      + [_meta_spec(bq, lambda bi, qi, ji, e: (bi, qi, 0))] * 3
+      + [pl.BlockSpec((None, block_k, g * d), kv_map)] * 2,
+      out_specs=pl.BlockSpec((None, g, bq, d), lambda bi, qi, ji, e: (bi, 0, qi, 0)),
+      scratch_shapes=[pltpu.VMEM((g, bq, 1), jnp.float32), pltpu.VMEM((g, bq, 1), jnp.float32),
+                      pltpu.VMEM((g, bq, d), jnp.float32)])
+  return pl.pallas_call(
+      functools.partial(_mosaic_kernel, groups=g, head_dim=d, block_k=block_k, tree_width=tree_width, scale=scale),
+      grid_spec=grid_spec,
+      out_shape=jax.ShapeDtypeStruct((b, g, rows_p, d), q.dtype),
+      interpret=pltpu.InterpretParams() if interpret else False,
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+      name="masked_attention_tpu", cost_estimate=_cost(q, k, q.size * q.dtype.itemsize),
+  )(kv_end, qg, vis_end, lo, hi, k2, v2)
