@@ -78,7 +78,6 @@ def test_rollout_step_j_equals_step_by_step_self_conditioned_drafting():
   toks = jnp.asarray(rng.integers(3, 64, (1, n)), jnp.int32)
   _, _, feats = model.forward_causal(tparams, toks, KVCache.init(tcfg, 1, 16), tcfg,
                                      feature_layers=dcfg.feature_layers)
-  fused = eagle.fuse(dparams, feats)
   # Two examples in one window: the second one (positions 5..11 of the text) must not see the first.
   first = 5
   win_tokens = jnp.concatenate([toks[:, :first], toks[:, :n - first]], axis=1)
