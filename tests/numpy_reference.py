@@ -93,13 +93,18 @@ def saguaro_law(probs, c, n_top):
 
 
 def joint_law(params, cfg, prompt, n, temperature, top_p):
-  """Returns the target's exact law of its first n sampled tokens after `prompt`, float64 [V] * n."""
+  """Returns the target's exact law of its first n sampled tokens after `prompt`, float64 [V] * n.
+
+  temperature and top_p are numbers, or one per token (the law a decoder that mixes them up would follow).
+  """
   v = cfg.vocab_size
+  temps, tops = (np.broadcast_to(np.asarray(x, np.float64), (n,)) for x in (temperature, top_p))
   law = np.zeros((v,) * n)
   for seq in np.ndindex(*(v,) * (n - 1)):
-    probs = sampling_law(forward(params, list(prompt) + list(seq), cfg), temperature, top_p)
+    logits = forward(params, list(prompt) + list(seq), cfg)
+    probs = [sampling_law(logits[len(prompt) - 1 + i], temps[i], tops[i]) for i in range(n)]
     pre = 1.0
     for i, t in enumerate(seq):
-      pre *= probs[len(prompt) - 1 + i, t]
-    law[seq] = pre * probs[len(prompt) + n - 2]
+      pre *= probs[i][t]
+    law[seq] = pre * probs[n - 1]
   return law
