@@ -26,7 +26,8 @@ def processed_probs(logits: jax.Array, temperature, top_p) -> jax.Array:
 
 
 def _top_p(probs: jax.Array, top_p) -> jax.Array:
-  """Keeps the smallest set of most likely tokens whose mass reaches top_p (ties broken by index) and renormalises."""
+  """Keeps the smallest set of most likely tokens whose mass reaches top_p, and every token tied with the least
+  likely of them, and renormalises."""
   sorted_p = -jnp.sort(-probs, axis=-1)
   cum = jnp.cumsum(sorted_p, axis=-1)
   # Threshold = probability of the last token kept; a token is kept if the mass strictly before it is < top_p.

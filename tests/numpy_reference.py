@@ -50,3 +50,61 @@ def forward(params, tokens, cfg):
   if cfg.tie_embeddings:
     return x @ np.asarray(p["embed"], np.float64).T
   return x @ np.asarray(p["lm_head"], np.float64)
+
+
+# ------------------------------------------------------------------ sampling laws, written independently of sampling.py
+
+
+def sampling_law(logits, temperature, top_p):
+  """Returns the law a token is drawn from under temperature and nucleus (top-p) sampling, float64 [..., V].
+
+  softmax(logits / T); with top_p < 1, the most likely tokens are kept, in order, while the mass before each is below
+  top_p, and any token as likely as the last one kept is kept too; renormalised. T = 0 is a point mass on the argmax.
+  """
+  logits = np.asarray(logits, np.float64)
+  if temperature == 0:
+    return np.eye(logits.shape[-1])[np.argmax(logits, -1)]
+  z = logits / temperature
+  e = np.exp(z - z.max(-1, keepdims=True))
+  p = e / e.sum(-1, keepdims=True)
+  if top_p >= 1:
+    return p
+  out = np.zeros_like(p)
+  for idx in np.ndindex(p.shape[:-1]):
+    row = p[idx]
+    mass, last = 0.0, None
+    for t in np.argsort(-row, kind="stable"):
+      if mass >= top_p and row[t] < last:
+        break
+      out[idx + (t,)] = last = row[t]
+      mass += row[t]
+  return out / out.sum(-1, keepdims=True)
+
+
+def saguaro_law(probs, c, n_top):
+  """Returns probs with its n_top most likely entries multiplied by c, renormalised (the draft's q')."""
+  probs = np.array(probs, np.float64)
+  if n_top <= 0:
+    return probs
+  for idx in np.ndindex(probs.shape[:-1]):
+    top = np.argsort(-probs[idx], kind="stable")[:n_top]
+    probs[idx + (top,)] *= c
+  return probs / probs.sum(-1, keepdims=True)
+
+
+def joint_law(params, cfg, prompt, n, temperature, top_p):
+  """Returns the target's exact law of its first n sampled tokens after `prompt`, float64 [V] * n.
+
+  temperature and top_p are numbers, or one per token (the law a decoder that mixes them up would follow).
+  """
+  v = cfg.vocab_size
+  temps, tops = (np.broadcast_to(np.asarray(x, np.float64), (n,)) for x in (temperature, top_p))
+  law = np.zeros((v,) * n)
+  for seq in np.ndindex(*(v,) * (n - 1)):
+    logits = forward(params, list(prompt) + list(seq), cfg)
+    probs = [sampling_law(logits[len(prompt) - 1 + i], temps[i], tops[i]) for i in range(n)]
+    pre = 1.0
+    for i, t in enumerate(seq):
+      pre *= probs[i][t]
+    law[seq] = pre * probs[n - 1]
+  return law

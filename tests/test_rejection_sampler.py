@@ -1,14 +1,17 @@
-"""Statistical exactness of the speculative rejection sampler.
+"""Statistical exactness of the speculative rejection sampler, against laws written independently in numpy.
 
-Each test draws N independent rounds and compares the emitted token's empirical distribution with the target p by a
-chi-square test at false-alarm rate 1e-4 per test (N = 60k, V = 6: a wrong residual or greedy routing moves the
-distribution by far more than the test's resolution; see test_the_test_catches_a_wrong_residual).
+Each test draws N independent rounds with a fixed seed and compares emitted tokens with the target's law
+(numpy_reference.sampling_law, never sampling.processed_probs) by a chi-square test at false-alarm rate 1e-4.
+Power: `detectable_w` gives the smallest deviation (Cohen's w = sqrt(sum (p_bug - p)^2 / p)) a test detects with
+probability 0.99; each test states it for its sample size, and test_each_test_has_power_against_its_bug checks that
+the bugs they are meant to catch deviate by more.
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import numpy_reference as ref
 from ssd_jax import sampling
 
 N = 60_000
@@ -38,6 +41,34 @@ def _chi2_pvalue(counts, probs, min_expected: float = 5.0):
   return 0.5 * (1 - erf(z / sqrt(2)))
 
 
+def detectable_w(n: float, cells: int, alpha: float = ALPHA, power: float = 0.99) -> float:
+  """Returns the smallest effect size w that a chi-square test of n draws over `cells` cells at level alpha detects
+  with probability `power` (noncentral chi-square with noncentrality n w^2, simulated with a fixed seed; the
+  critical value from the same Wilson-Hilferty tail _chi2_pvalue uses)."""
+  from statistics import NormalDist
+  dof = cells - 1
+  z = NormalDist().inv_cdf(1 - alpha)
+  crit = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+  rng = np.random.default_rng(0)
+  lo, hi = 0.0, 10.0 * crit + 100.0
+  for _ in range(40):  # bisect on the noncentrality
+    lam = (lo + hi) / 2
+    if (rng.noncentral_chisquare(dof, max(lam, 1e-9), 20_000) > crit).mean() >= power:
+      hi = lam
+    else:
+      lo = lam
+  return float(np.sqrt(hi / n))
+
+
+def effect_size(p_bug, p) -> float:
+  """Returns Cohen's w of law p_bug against p (infinite where p_bug puts mass on a token p never emits)."""
+  p_bug, p = np.asarray(p_bug, np.float64).ravel(), np.asarray(p, np.float64).ravel()
+  if (p_bug[p <= 0] > 1e-12).any():
+    return float("inf")
+  m = p > 0
+  return float(np.sqrt(((p_bug[m] - p[m]) ** 2 / p[m]).sum()))
+
+
 def _first_token_dist(key, p_logits, q_logits, temperature, top_p):
   """Simulates N rounds with K=1: draft samples s ~ q; returns the first emitted token of each round."""
   p = sampling.processed_probs(p_logits, temperature, top_p)  # [K+1, V]
@@ -50,7 +81,7 @@ def _first_token_dist(key, p_logits, q_logits, temperature, top_p):
     return jnp.where(acc[0] > 0, s[0], bonus[0])
 
   toks = jax.vmap(one)(jax.random.split(key, N))
-  return np.bincount(np.asarray(toks), minlength=p.shape[-1]), np.asarray(p[0])
+  return np.bincount(np.asarray(toks), minlength=p.shape[-1]), ref.sampling_law(p_logits[0], temperature, top_p)
 
 
 CASES = {
@@ -59,15 +90,89 @@ CASES = {
 }
 
 
+SETTINGS = [(1.0, 1.0), (0.7, 1.0), (1.0, 0.78), (0.7, 0.9)]  # no top_p where a cumulative mass sits on it
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.0, 0.8), (0.7, 0.9)])
+@pytest.mark.parametrize("temperature,top_p", SETTINGS)
 def test_emitted_distribution_equals_target(case, temperature, top_p):
+  """K = 1, the first emitted token against the numpy law; N = 60k over 6 cells detects w >= 0.029 (power 0.99)."""
   pl, ql = CASES[case]
-  p_logits = jnp.asarray(np.stack([pl, pl[::-1]]), jnp.float32)
-  q_logits = jnp.asarray(ql[None], jnp.float32)
-  counts, p = _first_token_dist(jax.random.key(hash((case, temperature, top_p)) % 2**31), p_logits, q_logits,
-                                temperature, top_p)
+  p_logits = np.stack([pl, pl[::-1]])
+  seed = 10 * sorted(CASES).index(case) + SETTINGS.index((temperature, top_p))
+  counts, p = _first_token_dist(jax.random.key(seed), jnp.asarray(p_logits, jnp.float32),
+                                jnp.asarray(ql[None], jnp.float32), temperature, top_p)
   assert _chi2_pvalue(counts, p) > ALPHA, (counts / N, p)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
+@pytest.mark.parametrize("top_p", [0.7, 0.9, 1.0])
+def test_processed_probs_equals_the_numpy_law(temperature, top_p):
+  """The law every token is drawn from (both sides call processed_probs) equals softmax(logits / T) cut to the
+  top-p nucleus, written independently: exact up to float32, so any temperature or top-p slip fails outright."""
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(5, 40)) * 3
+  got = np.asarray(sampling.processed_probs(jnp.asarray(logits, jnp.float32), temperature, top_p))
+  np.testing.assert_allclose(got, ref.sampling_law(logits, temperature, top_p), rtol=2e-4, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(sampling.processed_probs(jnp.asarray(logits, jnp.float32), 0.0, top_p)),
+                                ref.sampling_law(logits, 0.0, top_p))
+
+
+BASE = np.asarray([0.05, 0.1, 0.1, 0.2, 0.25, 0.3])
+N_ROUNDS = 20_000
+
+
+def _round_laws(k):
+  """Returns context-free (p [K+1, V], q [K, V]): p_i a different rotation of BASE per position, q_i = 0.8 p_i + 0.2
+  uniform (acceptance about 0.95 per token, so about 0.8 of K=4 rounds reach the bonus after all K)."""
+  p = np.stack([np.roll(BASE, i) for i in range(k + 1)])
+  q = 0.8 * p[:k] + 0.2 / BASE.size
+  return p, q
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_every_position_of_a_round_follows_the_target(k):
+  """For K = 1..4, the token a round emits at each position 1..K+1 (the bonus after all K accepted included),
+  among the rounds that reach it, follows that position's target law p_i (context-free laws, so each position's
+  conditional law is p_i itself).
+
+  N_ROUNDS = 20k rounds; the rarest position (K+1 at K=4) is reached over 14k times: 6 cells at 1e-4 detect
+  w >= 0.060 there (power 0.99). Drawing the bonus after all K from the residual against q_K gives w = 1.5.
+  """
+  p, q = _round_laws(k)
+  pj, qj = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+
+  def one(key):
+    kd, kv = jax.random.split(key)
+    s = jax.vmap(sampling.sample)(jax.random.split(kd, k), qj)
+    acc, bonus = sampling.rejection_sample(kv, pj[None], qj[None], s[None])
+    emitted = jnp.concatenate([s, jnp.zeros((1,), jnp.int32)]).at[acc[0]].set(bonus[0])
+    return emitted, acc[0]
+
+  emitted, acc = (np.asarray(x) for x in jax.vmap(one)(jax.random.split(jax.random.key(100 + k), N_ROUNDS)))
+  for i in range(k + 1):
+    reached = acc >= i
+    assert reached.sum() > 0.7 * N_ROUNDS  # every position, the bonus after all K too, is well sampled
+    counts = np.bincount(emitted[reached, i], minlength=BASE.size)
+    assert _chi2_pvalue(counts, p[i]) > ALPHA, (k, i, counts / reached.sum(), p[i])
+
+
+def test_each_test_has_power_against_its_bug():
+  """The bugs these tests are meant to catch deviate from the target law by more than the tests resolve."""
+  def resid(a, b):
+    r = np.maximum(a - b, 0)
+    return r / r.sum()
+
+  # All K accepted, bonus from normalise(max(0, p_{K+1} - q_K)) instead of p_{K+1} (K = 4: reached ~16k times).
+  p, q = _round_laws(4)
+  assert effect_size(resid(p[4], q[3]), p[4]) > detectable_w(0.7 * N_ROUNDS, 6)
+  # A rejection's replacement drawn from p instead of max(0, p - q) (K = 1, the 'far' case at T = 1).
+  pl, ql = CASES["far"]
+  pp, qq = ref.sampling_law(pl, 1, 1), ref.sampling_law(ql, 1, 1)
+  acc = np.minimum(qq, pp)
+  assert effect_size(acc + (1 - acc.sum()) * pp, pp) > detectable_w(N, 6)
+  # Temperature applied as logits * T (T = 0.7): the K = 1 test sees the draft and target both at the wrong law.
+  assert effect_size(ref.sampling_law(pl * 0.7, 1, 1), ref.sampling_law(pl, 0.7, 1)) > detectable_w(N, 6)
 
 
 def test_the_test_catches_a_wrong_residual():

@@ -214,3 +214,19 @@ def test_choose_backup_from_tally():
   t["hit_tokens"] = 48
   assert choose_backup("auto", t, 1) == "neural"
   assert choose_backup("auto", t, 256) == "fast"
+
+
+def test_merge_rows_keeps_each_rows_tokens_with_their_q():
+  """A round where some rows hit: a row that hit is served its cached tokens with the cached q they were drawn from,
+  a row that missed the backup's tokens with the backup's q (the verifier's ratio test needs each token's own q;
+  the end-to-end laws barely see a swap, since the backup's first q equals the cached one on the same text)."""
+  from ssd_jax.decode.steps import merge_rows
+  hit = jnp.asarray([True, False, True])
+  a_t, b_t = jnp.arange(6).reshape(3, 2), 10 + jnp.arange(6).reshape(3, 2)
+  a_q = jax.nn.softmax(jnp.arange(24, dtype=jnp.float32).reshape(3, 2, 4))
+  b_q = jnp.full((3, 2, 4), 0.25)
+  tok, q = (np.asarray(x) for x in merge_rows(hit, a_t, a_q, b_t, b_q))
+  np.testing.assert_array_equal(tok, [[0, 1], [12, 13], [4, 5]])
+  np.testing.assert_array_equal(q, np.asarray(jnp.where(hit[:, None, None], a_q, b_q)))
+  np.testing.assert_array_equal(q[0], np.asarray(a_q[0]))
+  np.testing.assert_array_equal(q[1], np.asarray(b_q[1]))

@@ -1,0 +1,212 @@
+"""Mutation run: plants each classic speculative-sampling bug in a copy of the package and checks the tests catch it.
+
+Each mutation replaces one exact piece of text in one file of a temporary copy of ssd_jax/ and tests/ (the working
+tree is never touched) and runs the tests named for it: the run passes when every mutation makes at least one of
+them fail and the same tests all pass on the unmutated copy. tests/test_mutations.py checks, in the fast suite, that
+every mutation's text still occurs exactly once, so this list cannot go stale silently.
+
+  python scripts/mutation_run.py                 # baseline + every mutation (about 15 minutes on 2 busy cores)
+  python scripts/mutation_run.py --only NAME...  # some of them; --list names them
+  python scripts/mutation_run.py --json-out F    # also write the table as JSON
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLER = "tests/test_rejection_sampler.py"
+LAW = "tests/test_sampled_decoding.py"
+KEYS = "tests/test_keys.py"
+SSD = "tests/test_ssd.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+  name: str
+  file: str           # relative to the repository root
+  old: str            # occurs exactly once in `file`
+  new: str
+  tests: tuple        # pytest node ids / files, run in the copy; at least one must fail
+  bug: str            # what the mutation does, in words
+
+
+MUTATIONS = [
+    Mutation("bonus_after_all_k_from_residual", "ssd_jax/sampling.py",
+             "q_pad = jnp.concatenate([q, jnp.zeros((b, 1, v), q.dtype)], axis=1)",
+             "q_pad = jnp.concatenate([q, q[:, -1:]], axis=1)",
+             (f"{SAMPLER}::test_every_position_of_a_round_follows_the_target",),
+             "after all K accepted, the bonus comes from normalise(max(0, p_{K+1} - q_K)) instead of p_{K+1}"),
+    Mutation("residual_from_p", "ssd_jax/sampling.py",
+             "resid = jnp.maximum(p_k - q_k, 0.0)", "resid = jnp.maximum(p_k, 0.0)",
+             (SAMPLER,), "after a rejection the replacement is drawn from p instead of max(0, p - q)"),
+    Mutation("temperature_multiplied", "ssd_jax/sampling.py",
+             "jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6), axis=-1)",
+             "jax.nn.softmax(logits * jnp.maximum(temperature, 1e-6), axis=-1)",
+             (f"{SAMPLER}::test_processed_probs_equals_the_numpy_law",
+              f"{LAW}::test_sampled_decoding_follows_the_numpy_law"),
+             "temperature applied as logits * T instead of logits / T"),
+    Mutation("top_p_on_the_draft_only", "ssd_jax/decode/steps.py",
+             "  p = sampling.processed_probs(logits, temperature, top_p)\n  accept_len",
+             "  p = sampling.processed_probs(logits, temperature, 1.0)\n  accept_len",
+             (f"{LAW}::test_sampled_decoding_follows_the_numpy_law",),
+             "the verifier's p ignores top_p (the draft and the first token apply it)"),
+    Mutation("greedy_verify_at_t_above_0", "ssd_jax/decode/steps.py",
+             "  p = sampling.processed_probs(logits, temperature, top_p)\n  accept_len",
+             "  p = sampling.processed_probs(logits, 0.0, top_p)\n  accept_len",
+             (f"{LAW}::test_sampled_decoding_follows_the_numpy_law", "tests/test_sd.py", SSD),
+             "verification routed to the greedy rule at T > 0"),
+    Mutation("greedy_ar_at_t_above_0", "ssd_jax/decode/steps.py",
+             "nxt = jax.lax.cond(temperature > 0,", "nxt = jax.lax.cond(temperature > 1e9,",
+             (f"{LAW}::test_sampled_decoding_follows_the_numpy_law", KEYS),
+             "AR steps take the argmax at T > 0"),
+    Mutation("saguaro_chain_hands_plain_q", "ssd_jax/decode/steps.py",
+             "return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)",
+             "return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, "
+             "sampling.processed_probs(logits_row, temperature, top_p), cfg)",
+             (f"{LAW}::test_chain_proposal_returns_the_q_it_sampled_from",),
+             "draft_propose samples from Saguaro's q' but hands the verifier plain q"),
+    Mutation("saguaro_tree_hands_plain_q", "ssd_jax/decode/steps.py",
+             "out_q = out_q.at[:, :, d].set(probs)",
+             "out_q = out_q.at[:, :, d].set(sampling.processed_probs(lg, temperature, top_p))",
+             (f"{LAW}::test_tree_returns_the_q_it_sampled_from",),
+             "draft_tree samples from Saguaro's q' but caches plain q for the verifier"),
+    Mutation("sd_draft_key_reused_across_rounds", "ssd_jax/decode/speculator.py",
+             "sd_round_keys(self.root, self.rnd)[0]", "sd_round_keys(self.root, 1)[0]",
+             (KEYS,), "SD's draft uses round 1's key every round"),
+    Mutation("sd_verify_key_reused_across_rounds", "ssd_jax/decode/sd.py",
+             "rep(sd_round_keys(root, rnd)[1])", "rep(sd_round_keys(root, 1)[1])",
+             (KEYS,), "SD's verifier uses round 1's key every round"),
+    Mutation("sd_verify_takes_the_drafts_key", "ssd_jax/decode/sd.py",
+             "rep(sd_round_keys(root, rnd)[1])", "rep(sd_round_keys(root, rnd)[0])",
+             (KEYS,), "SD's verifier and draft share a round's key (two roles, one key)"),
+    Mutation("ssd_verify_key_reused_across_rounds", "ssd_jax/decode/ssd.py",
+             "self.rep(fold(self.verify_root, rnd))", "self.rep(fold(self.verify_root, 1))",
+             (KEYS,), "SSD's verifier uses round 1's key every round"),
+    Mutation("ssd_neural_backup_key_reused", "ssd_jax/decode/speculator.py",
+             "self._key(self.rnd, 2)", "self._key(1, 2)",
+             (KEYS,), "SSD's neural backup uses one key every round"),
+    Mutation("ssd_fast_backup_key_reused", "ssd_jax/decode/speculator.py",
+             "self._key(self.rnd, 3)", "self._key(1, 3)",
+             (KEYS,), "SSD's fast backup uses one key every round"),
+    Mutation("tree_key_reused_across_rounds", "ssd_jax/decode/speculator.py",
+             "self._key(self.rnd + 1, 1)", "self._key(1, 1)",
+             (KEYS,), "the speculation tree is drafted with one key every round"),
+    Mutation("tree_key_reused_across_depths", "ssd_jax/decode/steps.py",
+             "tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)", "tok = sampling.sample(keys[0], probs)",
+             (KEYS,), "every depth of the tree draws with the same key"),
+    Mutation("one_key_for_all_rows", "ssd_jax/sampling.py",
+             "return jax.random.split(jax.random.fold_in(key, step), batch)",
+             "return jnp.stack([jax.random.fold_in(key, step)] * batch)",
+             (KEYS, f"{LAW}::test_sampled_decoding_follows_the_numpy_law"),
+             "row_keys gives every row the same key (first tokens, AR steps)"),
+    Mutation("one_draft_key_for_all_rows", "ssd_jax/decode/steps.py",
+             "tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)",
+             "tok = jax.vmap(sampling.sample, in_axes=(None, 0))(kk, probs)",
+             (KEYS,), "draft_propose draws every row with the same key"),
+    Mutation("fast_backup_q_mismatch", "ssd_jax/backup.py",
+             "toks = jax.random.randint(key, (batch, k), 0, vocab, dtype=jnp.int32)",
+             "toks = jax.random.randint(key, (batch, k), 0, max(vocab // 2, 1), dtype=jnp.int32)",
+             (f"{SSD}::test_ssd_temperature_one_exact_with_fast_backups",),
+             "the fast backup drafts from half the vocabulary while its q says uniform over all of it"),
+    Mutation("ngram_backup_q_mismatch", "ssd_jax/backup.py",
+             "return jax.nn.one_hot(tokens, vocab, dtype=jnp.float32)",
+             "return jnp.full(tokens.shape + (vocab,), 1.0 / vocab, jnp.float32)",
+             (f"{SSD}::test_ssd_temperature_one_exact_with_fast_backups",),
+             "the n-gram backup's deterministic proposal handed over as a uniform q"),
+    Mutation("row_merging_takes_the_backups_q", "ssd_jax/decode/steps.py",
+             "jnp.where(hit[:, None, None], a_q, b_q)", "b_q",
+             (f"{SSD}::test_merge_rows_keeps_each_rows_tokens_with_their_q",
+              f"{SSD}::test_ssd_temperature_one_exact_with_fast_backups"),
+             "rows that hit keep their cached tokens but get the backup's q"),
+    Mutation("eagle_ignores_verify_features", "ssd_jax/decode/draft.py",
+             "self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start))",
+             "self.hist = self.hist",
+             ("tests/test_eagle_decode.py",), "an EAGLE draft drops the target features each verify returns"),
+]
+
+
+def copy_tree(dest: str) -> None:
+  """Copies what the tests need (the package, the tests, pytest's settings) into dest."""
+  ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+  for d in ("ssd_jax", "tests"):
+    shutil.copytree(os.path.join(ROOT, d), os.path.join(dest, d), ignore=ignore)
+  shutil.copy(os.path.join(ROOT, "pyproject.toml"), dest)
+
+
+def apply(dest: str, m: Mutation) -> None:
+  path = os.path.join(dest, m.file)
+  text = open(path).read()
+  if text.count(m.old) != 1:
+    raise SystemExit(f"mutation {m.name}: its text occurs {text.count(m.old)} times in {m.file}, not once")
+  open(path, "w").write(text.replace(m.old, m.new))
+
+
+def run_tests(dest: str, tests) -> tuple[int, list[str], float]:
+  """Returns (pytest's exit code, the failed test ids, seconds) for `tests` run in the copy at dest."""
+  env = dict(os.environ, PYTHONPATH=dest, PYTHONDONTWRITEBYTECODE="1")
+  t0 = time.perf_counter()
+  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests], cwd=dest,
+                       env=env, capture_output=True, text=True)
+  failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out.stdout, re.M)))
+  if out.returncode not in (0, 1):  # collection error, usage error, crash: no test verdict
+    failed = failed or [f"pytest exit {out.returncode}: {out.stdout.strip().splitlines()[-1:]}"]
+  return out.returncode, failed, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--only", nargs="+", metavar="NAME", help="run these mutations only")
+  ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+  ap.add_argument("--no-baseline", action="store_true", help="skip the run on the unmutated copy")
+  ap.add_argument("--json-out", help="write the table here as JSON")
+  args = ap.parse_args(argv)
+  if args.list:
+    for m in MUTATIONS:
+      print(f"{m.name:38s} {m.file}: {m.bug}")
+    return 0
+  chosen = MUTATIONS
+  if args.only:
+    unknown = set(args.only) - {m.name for m in MUTATIONS}
+    if unknown:
+      print(f"unknown mutation(s): {', '.join(sorted(unknown))} (--list names them)", file=sys.stderr)
+      return 2
+    chosen = [m for m in MUTATIONS if m.name in args.only]
+  t_start = time.perf_counter()
+  rows, ok = [], True
+  if not args.no_baseline:
+    tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
+    with tempfile.TemporaryDirectory(prefix="mutation-base-") as d:
+      copy_tree(d)
+      rc, failed, s = run_tests(d, tests)
+    print(f"{'(unmutated)':38s} {'passes' if rc == 0 else 'FAILS'} in {s:.0f}s {' '.join(failed)}", flush=True)
+    rows.append({"name": "(unmutated)", "caught_by": failed, "ok": rc == 0, "seconds": round(s, 1)})
+    ok &= rc == 0
+  for m in chosen:
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{m.name}-") as d:
+      copy_tree(d)
+      apply(d, m)
+      rc, failed, s = run_tests(d, m.tests)
+    caught = rc != 0 and bool(failed)
+    ok &= caught
+    print(f"{m.name:38s} {'caught' if caught else 'SURVIVED'} in {s:.0f}s by {' '.join(failed) or '-'}", flush=True)
+    rows.append({"name": m.name, "file": m.file, "bug": m.bug, "caught_by": failed, "ok": caught,
+                 "seconds": round(s, 1)})
+  total = time.perf_counter() - t_start
+  print(f"{'all caught' if ok else 'NOT ALL CAUGHT'}; {len(chosen)} mutations in {total:.0f}s")
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump({"ok": ok, "seconds": round(total, 1), "rows": rows}, f, indent=1)
+  return 0 if ok else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

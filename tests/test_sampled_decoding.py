@@ -1,0 +1,140 @@
+"""Sampled decoding end to end: AR, SD and SSD at T in {0.5, 1, 1.5} and top_p in {0.7, 1} emit the target's law, and
+the draft's proposal functions hand the verifier the exact q' they sampled from (Saguaro sampling included).
+
+The law is numpy_reference's (a numpy forward and numpy temperature / top-p), never the code's own processed_probs.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from ssd_jax import model
+from ssd_jax.config import tiny_config
+from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
+from ssd_jax.decode.base import pad_prompts
+from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
+from ssd_jax.kv_cache import KVCache
+
+from test_rejection_sampler import _chi2_pvalue, detectable_w, effect_size
+from test_sd import _perturbed
+
+ROWS, PROMPT = 3000, [1, 2, 0]
+SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A V=4 target, a draft noticeably different from it, and the target's params on the host.
+
+  Untied embeddings: with tied ones a tiny model repeats its last token with probability ~0.99, and a law that
+  peaked leaves a test nothing to see (top_p = 0.7 would keep a single token).
+  """
+  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
+  tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
+  return cfg, tp, _perturbed(tp, 0.3, 5), jax.device_get(tp)
+
+
+def _decode(mode, cfg, tp, dp, temperature, top_p, seed):
+  opts = DecodeOptions(max_new_tokens=4, temperature=temperature, top_p=top_p, ignore_eos=True, seed=seed)
+  if mode == "ar":
+    dec = ARDecoder(cfg, tp)
+  elif mode == "sd":
+    dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2))
+  else:
+    dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2))
+  return dec.generate([PROMPT] * ROWS, opts)
+
+
+@pytest.mark.parametrize("temperature,top_p", SETTINGS)
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_sampled_decoding_follows_the_numpy_law(tiny, mode, temperature, top_p):
+  """The joint law of the first three tokens (the first from prefill, the others from rounds: SD and SSD at K=2
+  emit them through accepted drafts, residuals and bonuses after all K; SSD through hits and misses).
+
+  3000 rows over the 64 cells, chi-square at 1e-4: detects w >= 0.18 with power 0.99 (fewer cells after pooling
+  only lower that bound); test_end_to_end_power shows the bugs it is for deviate by more.
+  """
+  cfg, tp, dp, host = tiny
+  seed = 1000 + 10 * ["ar", "sd", "ssd"].index(mode) + SETTINGS.index((temperature, top_p))
+  res = _decode(mode, cfg, tp, dp, temperature, top_p, seed)
+  seqs = np.asarray([r.token_ids[:3] for r in res])
+  if mode == "sd":
+    assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
+  if mode == "ssd":
+    hits = np.mean([r.stats.extra["cache_hit_rate"] > 0 for r in res])
+    assert 0.1 < hits < 0.9, hits  # rows served from the speculation cache and rows that missed every time
+  counts = np.zeros((4,) * 3)
+  np.add.at(counts, tuple(seqs.T), 1)
+  law = ref.joint_law(host, cfg, PROMPT, 3, temperature, top_p)
+  assert _chi2_pvalue(counts.ravel(), law.ravel()) > 1e-4
+
+
+def test_end_to_end_power(tiny):
+  """Each bug the test above is for moves the joint law by more than w = 0.18 on this model in some setting it runs:
+  temperature as logits * T (the law at 1/T), the verifier ignoring top_p (tokens 2 and 3 without the nucleus), and
+  greedy verification at T > 0 (tokens 2 and 3 the argmax)."""
+  cfg, _, _, host = tiny
+  w = detectable_w(ROWS, 64)
+  assert w < 0.19
+  law = lambda t, tp: ref.joint_law(host, cfg, PROMPT, 3, t, tp)
+  for t in (0.5, 1.5):
+    assert effect_size(law(1 / t, 1.0), law(t, 1.0)) > w
+  assert effect_size(law(1.0, [0.7, 1.0, 1.0]), law(1.0, 0.7)) > w
+  assert effect_size(law([1.0, 0, 0], 1.0), law(1.0, 1.0)) > w
+
+
+def _numpy_q(logits, temperature, top_p, c, n_top):
+  return ref.saguaro_law(ref.sampling_law(logits, temperature, top_p), c, n_top)
+
+
+@pytest.mark.parametrize("temperature,top_p,c", [(1.0, 1.0, 0.25), (0.7, 0.8, 0.5), (1.3, 1.0, 1.0)])
+def test_chain_proposal_returns_the_q_it_sampled_from(temperature, top_p, c):
+  """draft_propose (SD's draft, SSD's neural backup) returns for each token the law it was drawn from, q': the
+  draft's processed law with its top tokens scaled by C (Saguaro), recomputed here from a numpy forward."""
+  cfg = tiny_config(vocab_size=64)
+  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
+  host = jax.device_get(params)
+  k, n_top = 3, 3
+  texts = [[5, 6, 7, 8], [9, 10]]
+  toks, lens = pad_prompts([t[:-1] for t in texts], bucket=8)
+  cache = KVCache.init(cfg, 2, 128)
+  _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
+  last2 = jnp.asarray([t[-2:] for t in texts], jnp.int32)
+  drafted, q, _ = draft_propose(params, cache, last2, jnp.asarray([len(t) for t in texts], jnp.int32),
+                                jax.random.key(3), jnp.float32(temperature), jnp.float32(top_p), jnp.float32(c),
+                                cfg=cfg, k=k, saguaro_top=n_top)
+  drafted, q = np.asarray(drafted), np.asarray(q)
+  for r, text in enumerate(texts):
+    logits = ref.forward(host, text + drafted[r, :k - 1].tolist(), cfg)
+    for i in range(k):
+      want = _numpy_q(logits[len(text) - 1 + i], temperature, top_p, c, n_top)
+      np.testing.assert_allclose(q[r, i], want, rtol=2e-3, atol=2e-6)
+      assert want[drafted[r, i]] > 0
+
+
+@pytest.mark.parametrize("temperature,top_p,c", [(1.0, 1.0, 0.25), (0.7, 0.8, 0.5)])
+def test_tree_returns_the_q_it_sampled_from(temperature, top_p, c):
+  """draft_tree's speculation cache holds, for every branch and depth, q' of the token drawn there (numpy law)."""
+  cfg = tiny_config(vocab_size=64)
+  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
+  host = jax.device_get(params)
+  k, f, n_top = 2, 2, 3
+  texts = [[5, 6, 7, 8], [9, 10]]
+  spec = np.asarray([[11, 12], [14, 15]], np.int32)
+  toks, lens = pad_prompts([t[:-1] for t in texts], bucket=8)
+  cache = KVCache.init(cfg, 2, 128)
+  _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
+  cand, branch_j, tree_t, tree_q, _, _ = draft_tree(
+      params, cache, jnp.asarray([t[-2:] for t in texts], jnp.int32), jnp.asarray(spec),
+      jnp.asarray([len(t) for t in texts], jnp.int32), jax.random.key(0), jnp.float32(temperature),
+      jnp.float32(top_p), jnp.float32(c), cfg=cfg, k=k, fan_out=(f,) * (k + 1), saguaro_top=n_top)
+  cand, branch_j, tree_t, tree_q = (np.asarray(x) for x in (cand, branch_j, tree_t, tree_q))
+  for r, text in enumerate(texts):
+    for n, j in enumerate(branch_j):
+      seq = text + spec[r, :j].tolist() + [int(cand[r, n])] + tree_t[r, n, :k - 1].tolist()
+      logits = ref.forward(host, seq, cfg)
+      for d in range(k):
+        want = _numpy_q(logits[len(text) + j + d], temperature, top_p, c, n_top)
+        np.testing.assert_allclose(tree_q[r, n, d], want, rtol=2e-3, atol=2e-6)
+        assert want[tree_t[r, n, d]] > 0
