@@ -69,10 +69,12 @@ def parse_args(argv=None):
   p.add_argument("--out-dir", help="write bench.json, bench.md and the PNG plots here")
   p.add_argument("--json-out", help="write the JSON result to this file (default: OUT_DIR/bench.json)")
   p.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True,
-                 help="measure memory bandwidth and set the AR step against its limit (real target only)")
+                 help="measure memory bandwidth and set the AR step against its limit (real target only); with "
+                      "--verify-cost: the single-core streaming bandwidth, the limit of each side of SSD")
   p.add_argument("--peer-threads", type=int, default=None, help="torch threads for the peer (default: torch's)")
   p.add_argument("--verify-cost", action="store_true",
-                 help="only measure the target forward cost for T = 1..9 new tokens (verify of K = T-1) vs T = 1")
+                 help="only measure the target forward cost for T = 1..9 new tokens (verify of K = T-1) vs T = 1, "
+                      "with the weight bytes each forward reads and the bandwidth it achieves")
   return p.parse_args(argv)
 
 
@@ -98,6 +100,37 @@ def streaming_bandwidth_gbs(n_bytes: int = 1 << 30, repeats: int = 7) -> float:
     ts.append(time.perf_counter() - t)
   del x
   return n_bytes / float(np.median(ts)) / 1e9
+
+
+_PINNED_PROBE = """
+import os, sys
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+sys.path.insert(0, sys.argv[1])
+import bench
+print(bench.streaming_bandwidth_gbs())
+"""
+
+
+def single_core_bandwidth_gbs() -> float:
+  """Returns streaming_bandwidth_gbs() measured in a child process pinned to one core (what one side of SSD, or a
+  `taskset -c 0` run, can read at most); an affinity set in this process would not reach XLA's running threads."""
+  res = subprocess.run([sys.executable, "-c", _PINNED_PROBE, os.path.dirname(os.path.abspath(__file__))],
+                       capture_output=True, text=True, timeout=600)
+  if res.returncode != 0:
+    raise RuntimeError(f"the single-core bandwidth probe failed: {res.stderr[-500:]}")
+  return float(res.stdout.strip().splitlines()[-1])
+
+
+def cpu_model() -> str:
+  """Returns the CPU's model name as /proc/cpuinfo gives it (else platform's processor or machine)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
 
 
 def check_args(args) -> list[str]:
@@ -298,18 +331,29 @@ def bench_variants(args, modes) -> list:
 
 
 def print_verify_cost(args) -> int:
-  """--verify-cost: prints (and writes to --json-out) the verify step's cost by the number of new tokens."""
+  """--verify-cost: prints (and writes to --json-out) the verify step's cost by the number of new tokens, with the
+  CPU, the weight bytes each forward reads, the bandwidth that achieves and (--bandwidth) one core's streaming
+  bandwidth, so a reader sees the distance to the limit."""
+  import jax
   from ssd_jax import api
   pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)
   table = verify_cost_table(pipe)
-  print("| new tokens T (verify K = T-1) | ms | cost / AR step |\n|---|---|---|")
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  print(f"CPU: {cpu_model()} ({cores} usable cores); weights read per forward: {weight_bytes / 1e6:.0f} MB")
+  print("| new tokens T (verify K = T-1) | ms | cost / AR step | weights GB/s |\n|---|---|---|---|")
   for t, ms in table.items():
-    print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x |")
+    print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x | {weight_bytes / ms / 1e6:.1f} |")
+  bw = single_core_bandwidth_gbs() if args.bandwidth and not args.tiny else None
+  if bw is not None:
+    print(f"single-core streaming bandwidth: {bw:.1f} GB/s => one core reads the weights in at best "
+          f"{weight_bytes / bw / 1e6:.1f} ms")
   if args.json_out:
     with open(args.json_out, "w") as f:
-      json.dump({"verify_cost_ms": table}, f, indent=1)
+      json.dump({"verify_cost_ms": table, "cpu": cpu_model(), "cores": cores, "weight_bytes": weight_bytes,
+                 "weights_gbs": {t: weight_bytes / ms / 1e6 for t, ms in table.items()},
+                 "single_core_stream_gbs": bw}, f, indent=1)
   return 0
-
 
 def load_pipe(args, modes):
   """Returns the pipeline the bench measures (the tiny pair with --tiny), with a draft when a mode needs one."""

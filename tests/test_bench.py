@@ -295,6 +295,11 @@ def test_step_cost_counts_every_weight_matrix_and_times_a_step():
 def test_verify_cost_table_on_the_tiny_target(bench, tmp_path, capsys):
   out = tmp_path / "cost.json"
   assert bench.main(["--tiny", "--verify-cost", "--json-out", str(out)]) == 0
-  table = json.loads(out.read_text())["verify_cost_ms"]
+  res = json.loads(out.read_text())
+  table = res["verify_cost_ms"]
   assert sorted(int(t) for t in table) == list(range(1, 10)) and all(ms > 0 for ms in table.values())
-  assert "| 9 |" in capsys.readouterr().out
+  assert res["weight_bytes"] > 0 and res["cpu"]
+  for t, ms in table.items():  # the achieved bandwidth is the weights read over the time taken
+    assert res["weights_gbs"][t] == pytest.approx(res["weight_bytes"] / ms / 1e6)
+  out = capsys.readouterr().out
+  assert "| 9 |" in out and "weights read per forward" in out

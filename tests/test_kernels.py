@@ -32,17 +32,20 @@ def test_rows_matmul_matches_reference(m, k, n, transposed):
 
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
-@pytest.mark.parametrize("k,n", [(576, 1536), (37, 101)])
-def test_rows_matmul_row_does_not_depend_on_row_count(k, n):
-  """[in, out] weights: the unrolled path (4+ rows) adds each row's terms in the order the plain one does, so a
-  verify row gets bit for bit what the same row gets in a smaller call."""
-  rng = np.random.default_rng(k)
+@pytest.mark.parametrize("k,n", [(576, 1536), (1536, 576), (37, 101), (16, 7)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_rows_matmul_row_does_not_depend_on_row_count(k, n, transposed):
+  """Every row count (each has its own register blocking, some split the columns into different blocks) gives each
+  row bit for bit what that row gets alone: an AR step and a verify see the same logits for the same prefix. Shapes
+  off the vector width take the tail paths too."""
+  rng = np.random.default_rng(k + n)
   x = jnp.asarray(rng.standard_normal((16, k), dtype=np.float32))
-  w = jnp.asarray(rng.standard_normal((k, n), dtype=np.float32))
-  f = jax.jit(rows_matmul.rows_matmul)
-  first = np.asarray(f(x[:1], w))[0]
-  for m in (2, 3, 4, 5, 8, 16):
-    np.testing.assert_array_equal(np.asarray(f(x[:m], w))[0], first)
+  w = jnp.asarray(rng.standard_normal((n, k) if transposed else (k, n), dtype=np.float32))
+  f = jax.jit(lambda x, w: rows_matmul.rows_matmul(x, w, transposed))
+  alone = np.stack([np.asarray(f(x[i:i + 1], w))[0] for i in range(16)])
+  np.testing.assert_allclose(alone, np.asarray(rows_matmul.ref_rows_matmul(x, w, transposed)), rtol=1e-4, atol=1e-4)
+  for m in range(2, 17):
+    np.testing.assert_array_equal(np.asarray(f(x[:m], w)), alone[:m], err_msg=f"{m} rows")
 
 
 _FIRST_USE = """

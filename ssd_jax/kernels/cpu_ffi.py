@@ -1,6 +1,6 @@
 """Builds and registers the project's C++ XLA:CPU FFI kernels (ssd_jax/kernels/cpu/*.cc).
 
-Each kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU) under
+Each kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU model and flags) under
 ~/.cache/ssd-jax/kernels. Where that is impossible (no compiler, another platform, SSD_JAX_NO_CPU_KERNELS set)
 `available(name)` is False and callers use plain jnp code.
 """
@@ -26,11 +26,29 @@ def _cache_dir() -> str:
                       "kernels")
 
 
+def _cpu_signature() -> str:
+  """Returns what -march=native compiles for: the machine, CPU model and instruction-set flags. A cache directory
+  copied to another machine (a cloned home, a shared volume) must not hand it a kernel built for instructions it
+  lacks; platform.processor() alone is often just 'x86_64'."""
+  sig = [platform.machine(), platform.processor()]
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key = line.split(":", 1)[0].strip()
+        if key in ("vendor_id", "model name", "flags", "Features", "CPU part"):
+          sig.append(line.strip())
+        elif not line.strip() and len(sig) > 2:
+          break  # the first processor's block is enough
+  except OSError:
+    pass
+  return "\n".join(sig)
+
+
 def _build(name: str) -> str:
   src = os.path.join(_DIR, name + ".cc")
   with open(src, "rb") as f:
     src_hash = hashlib.sha256(f.read()).hexdigest()[:16]
-  cpu = hashlib.sha256((platform.machine() + platform.processor()).encode()).hexdigest()[:8]
+  cpu = hashlib.sha256(_cpu_signature().encode()).hexdigest()[:8]
   out = os.path.join(_cache_dir(), f"{name}_{src_hash}_{cpu}.so")
   if os.path.exists(out):
     return out
