@@ -80,7 +80,7 @@ def parse_args(argv=None):
 
 def verify_cost_table(pipe, prefix: int = 300, repeats: int = 15):
   """Returns {T: median ms} of one target forward of T tokens after a `prefix`-token cache (AOT compiled)."""
-  from ssd_jax.step_cost import compiled_step, interleaved_ms
+  from ssd_jax.bench.step_cost import compiled_step, interleaved_ms
   steps = {t: compiled_step(pipe.target.cfg, pipe.target.params, t, prefix) for t in range(1, 10)}
   return interleaved_ms(steps, repeats)
 
@@ -239,8 +239,9 @@ class Runner:
 
 def load_peer(pipe, args, work_dir: str):
   """Returns (HFPeer, description): the target from its GGUF (or an export), the draft exported to work_dir."""
-  from ssd_jax import checkpoints, hf_export
-  from ssd_jax.hf_peer import HFPeer
+  from ssd_jax import checkpoints
+  from ssd_jax.bench import hf_export
+  from ssd_jax.bench.hf_peer import HFPeer
 
   eos = pipe.tokenizer.eos_id
   draft_dir = None
@@ -271,7 +272,7 @@ def main(argv=None):
   args = parse_args(argv)
   modes = check_args(args)
   split_cpu(max(2, args.target_devices + args.draft_devices))  # before JAX is imported
-  from ssd_jax import benchmark
+  from ssd_jax.bench import plan
 
   variants = bench_variants(args, modes)
   if args.verify_cost:
@@ -287,16 +288,16 @@ def main(argv=None):
   warmup = warm_up(run, variants, ids[names[0]])
   runs = timed_runs(run, variants, names, ids)
 
-  result = {"schema": benchmark.SCHEMA, "environment": environment(pipe), "args": vars(args), "datasets": names,
+  result = {"schema": plan.SCHEMA, "environment": environment(pipe), "args": vars(args), "datasets": names,
             "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
                          for v in variants],
             "warmup": warmup, "runs": runs, "peer": peer_info}
-  result["summary"] = benchmark.summarize(runs, variants, names)
-  result["fan_out_fit"] = benchmark.fan_out_fit(result)
+  result["summary"] = plan.summarize(runs, variants, names)
+  result["fan_out_fit"] = plan.fan_out_fit(result)
   if "ar" in modes and args.bandwidth and not args.tiny:
     result["ar_bandwidth"] = ar_bandwidth(result, pipe, variants)
   result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  table = benchmark.markdown(result)
+  table = plan.markdown(result)
   print("\n" + table)
   if "ar_bandwidth" in result:
     b = result["ar_bandwidth"]
@@ -309,7 +310,8 @@ def main(argv=None):
 
 def bench_variants(args, modes) -> list:
   """Returns the variants to run (modes, the peer's, the sweep), each one's settings checked before anything loads."""
-  from ssd_jax import benchmark, defaults
+  from ssd_jax import defaults
+  from ssd_jax.bench import plan
   from ssd_jax.kernels import masked_attention
   from ssd_jax.sharding import make_placement
 
@@ -323,7 +325,7 @@ def bench_variants(args, modes) -> list:
           "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
           "ssd_placement": where}
   values = args.sweep_values.split(",") if args.sweep_values else None
-  variants = benchmark.make_variants(all_modes, base, args.sweep, values)
+  variants = plan.make_variants(all_modes, base, args.sweep, values)
   for v in variants:  # each variant's own settings (fan-out against its K, swept temperature, ...) fail before loading
     spec_options(v.opts)
     check_sampling(v.opts["temperature"])
@@ -386,23 +388,23 @@ def warm_up(run, variants, first) -> dict:
 def timed_runs(run, variants, names, ids) -> list:
   """Returns the measured runs' records: every set's prompts in groups of the largest batch, each group run by every
   variant in turn (interleaved, so a slow spell of the machine falls on all of them)."""
-  from ssd_jax import benchmark
+  from ssd_jax.bench import plan
   group = max(v.opts["batch_size"] for v in variants)
-  plan = [(d, g, v, ids[d][b: b + v.opts["batch_size"]], list(range(b, min(b + v.opts["batch_size"], len(ids[d])))))
-          for d in names for g in range(0, len(ids[d]), group) for v in variants
-          for b in range(g, min(g + group, len(ids[d])), v.opts["batch_size"])]
+  order = [(d, g, v, ids[d][b: b + v.opts["batch_size"]], list(range(b, min(b + v.opts["batch_size"], len(ids[d])))))
+           for d in names for g in range(0, len(ids[d]), group) for v in variants
+           for b in range(g, min(g + group, len(ids[d])), v.opts["batch_size"])]
   runs = []
   t_start = time.perf_counter()
-  for n, (d, _, v, batch, idx) in enumerate(plan, 1):
+  for n, (d, _, v, batch, idx) in enumerate(order, 1):
     rows, comp = run(v, batch)
-    rec = benchmark.run_record(d, v, idx, rows, comp)
+    rec = plan.run_record(d, v, idx, rows, comp)
     runs.append(rec)
     el = time.perf_counter() - t_start
     s0 = rows[0]["stats"]
     extra = (f", hits {s0['cache_hit_rate']:.2f}, target idle {s0['target_idle_seconds']:.2f} s"
              if "cache_hit_rate" in s0 else "")
     tps = rec["decode_tokens"] / rec["decode_seconds"] if rec["decode_seconds"] > 0 else 0.0
-    print(f"[bench {n}/{len(plan)} {el:.0f}s, eta {el / n * (len(plan) - n):.0f}s] {d}{idx} {v.label}: "
+    print(f"[bench {n}/{len(order)} {el:.0f}s, eta {el / n * (len(order) - n):.0f}s] {d}{idx} {v.label}: "
           f"{tps:.2f} tok/s, {rec['new_tokens'] / max(rec['target_forwards'], 1):.2f} tok/fwd{extra}",
           file=sys.stderr, flush=True)
   return runs
@@ -423,9 +425,9 @@ def ar_bandwidth(result, pipe, variants) -> dict:
 def write_outputs(result, table: str, args) -> None:
   """Writes the plots and bench.md under --out-dir and the JSON result to --json-out (default <out-dir>/bench.json)."""
   if args.out_dir:
-    from ssd_jax import bench_plots
+    from ssd_jax.bench import plots
     try:
-      result["plots"] = [os.path.basename(p) for p in bench_plots.write_plots(result, args.out_dir)]
+      result["plots"] = [os.path.basename(p) for p in plots.write_plots(result, args.out_dir)]
       print(f"plots: {', '.join(result['plots'])} in {args.out_dir}")
     except ImportError:
       result["plots"] = []

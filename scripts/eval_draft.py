@@ -139,7 +139,7 @@ def read_answers(path: str | None) -> dict:
 
 def step_cost(tcfg, tparams, dcfg, dparams, is_eagle: bool) -> dict:
   """Returns the draft's and the target's decode-step time (interleaved) and multiply-accumulates per token."""
-  from ssd_jax.step_cost import compiled_eagle_step, compiled_step, interleaved_ms, macs_per_token
+  from ssd_jax.bench.step_cost import compiled_eagle_step, compiled_step, interleaved_ms, macs_per_token
   draft_step = compiled_eagle_step(dcfg, dparams) if is_eagle else compiled_step(dcfg, dparams)
   step_ms = interleaved_ms({"target": compiled_step(tcfg, tparams), "draft": draft_step})
   if is_eagle:

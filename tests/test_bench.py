@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import benchmark
+from ssd_jax.bench import plan
 from ssd_jax.cli_util import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def smoke(bench, tmp_path_factory):
 
 def test_smoke_schema(smoke):
   res, out, stdout = smoke
-  assert res["schema"] == benchmark.SCHEMA
+  assert res["schema"] == plan.SCHEMA
   for key in ("environment", "args", "datasets", "variants", "warmup", "runs", "summary", "peak_rss_mb"):
     assert key in res
   assert res["datasets"] == ["tiny"]
@@ -119,15 +119,15 @@ def test_bad_input_fails_before_loading(bench):
 def _fake_run(dataset, variant, tokens, seconds, forwards, index=0, extra=None, token_ids=None):
   stats = {"new_tokens": tokens + 1, "decode_seconds": seconds, "target_forwards": forwards,
            "prefill_seconds": 0.1, **(extra or {})}
-  return benchmark.run_record(dataset, variant, [index], [{"token_ids": token_ids or [1, 2, 3], "stats": stats}])
+  return plan.run_record(dataset, variant, [index], [{"token_ids": token_ids or [1, 2, 3], "stats": stats}])
 
 
 def test_summary_is_a_ratio_of_sums_and_ratios_follow():
-  vs = benchmark.make_variants(["ar", "sd"], {"temperature": 0.0, "k": 2})
+  vs = plan.make_variants(["ar", "sd"], {"temperature": 0.0, "k": 2})
   ar, sd = vs
   runs = [_fake_run("a", ar, 10, 1.0, 11), _fake_run("a", sd, 12, 1.0, 7), _fake_run("b", ar, 30, 2.0, 31, 1),
           _fake_run("b", sd, 30, 1.0, 16, 1, token_ids=[1, 2, 4])]
-  s = benchmark.summarize(runs, vs, ["a", "b"])
+  s = plan.summarize(runs, vs, ["a", "b"])
   assert s["by_variant"]["ar"]["all"]["tokens_per_second"] == pytest.approx(40 / 3)
   assert s["by_variant"]["sd"]["all"]["tokens_per_second"] == pytest.approx(42 / 2)
   assert s["by_variant"]["sd"]["all"]["median_run_tokens_per_second"] == pytest.approx(21)
@@ -140,34 +140,34 @@ def test_summary_is_a_ratio_of_sums_and_ratios_follow():
 
 def test_timing_model_uses_per_token_acceptance():
   """SD at K=2 with i.i.d. acceptance 0.5: 2 rounds accept 0, 1 accepts 1, 1 accepts 2 (E[j] = 0.75 = 0.5 + 0.25)."""
-  vs = benchmark.make_variants(["sd"], {"temperature": 0.0, "k": 2})
+  vs = plan.make_variants(["sd"], {"temperature": 0.0, "k": 2})
   stats = {"k": 2, "rounds": 4, "acceptance_rate": 3 / 8, "drafts_tried": 6, "drafts_accepted": 3,
            "verify_seconds": 0.4, "draft_seconds": 0.08}
-  pred = benchmark.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")
+  pred = plan.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")
   assert pred["per_token_acceptance"] == 0.5 and pred["acceptance"] == 3 / 8
-  assert benchmark.summarize_runs([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)])["per_token_acceptance"] == 0.5
+  assert plan.summarize_runs([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)])["per_token_acceptance"] == 0.5
   assert pred["expected_tokens_per_round"] == pytest.approx(1.75)  # measured: 7 tokens in 4 rounds
   # one verify 0.1 s, two draft steps 0.01 s each: 1.75 tokens per 0.12 s
   assert pred["tokens_per_second"] == pytest.approx(1.75 / 0.12)
   del stats["drafts_tried"], stats["drafts_accepted"]  # an older result file: the per-round rate stands in
-  assert benchmark.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")["per_token_acceptance"] == 3 / 8
+  assert plan.predict([_fake_run("a", vs[0], 7, 0.5, 5, extra=stats)], "sd")["per_token_acceptance"] == 3 / 8
 
 
 def test_sweep_variants_and_baselines():
   base = {"k": 2, "fan_out": "3", "temperature": 0.0, "batch_size": 1, "saguaro_c": 1.0}
-  vs = benchmark.make_variants(["ar", "sd", "ssd"], base, "k", ["1", "3"])
+  vs = plan.make_variants(["ar", "sd", "ssd"], base, "k", ["1", "3"])
   assert [v.label for v in vs] == ["ar", "sd@k=1", "sd@k=3", "ssd@k=1", "ssd@k=3"]
   assert vs[3].opts["k"] == 1 and vs[3].opts["fan_out"] == "3"
-  assert benchmark.baseline_of(vs[4], "sd", vs).label == "sd@k=3"  # both swept: the same value
-  assert benchmark.baseline_of(vs[4], "ar", vs).label == "ar"      # AR does not depend on K
+  assert plan.baseline_of(vs[4], "sd", vs).label == "sd@k=3"  # both swept: the same value
+  assert plan.baseline_of(vs[4], "ar", vs).label == "ar"      # AR does not depend on K
   with pytest.raises(ValueError, match="unknown sweep"):
-    benchmark.make_variants(["ar"], base, "nonsense")
+    plan.make_variants(["ar"], base, "nonsense")
 
 
 def _fan_out_sweep_result():
   """A synthetic fan-out sweep whose SSD miss rate follows 0.6 F^-0.5 exactly."""
   base = {"k": 2, "fan_out": "3", "temperature": 0.0, "batch_size": 1, "saguaro_c": 1.0, "backup": "neural"}
-  vs = benchmark.make_variants(["ar", "ssd"], base, "fan-out", ["1", "2", "4", "8"])
+  vs = plan.make_variants(["ar", "ssd"], base, "fan-out", ["1", "2", "4", "8"])
   runs = [_fake_run("a", vs[0], 10, 1.0, 11)]
   for v in vs[1:]:
     f = int(v.opts["fan_out"])
@@ -178,26 +178,26 @@ def _fan_out_sweep_result():
   result = {"args": {"sweep": "fan-out", "max_new_tokens": 13, "temperature": 0.0}, "datasets": ["a"],
             "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
                          for v in vs], "runs": runs}
-  result["summary"] = benchmark.summarize(runs, vs, ["a"])
+  result["summary"] = plan.summarize(runs, vs, ["a"])
   return result
 
 
 def test_fan_out_sweep_fits_the_power_law():
   result = _fan_out_sweep_result()
-  fit = benchmark.fan_out_fit(result)
+  fit = plan.fan_out_fit(result)
   assert fit["r"] == pytest.approx(0.5) and fit["c"] == pytest.approx(0.6) and fit["points"] == 4
-  series = benchmark.sweep_series(result)
+  series = plan.sweep_series(result)
   assert [p[0] for p in series["ssd"]] == [1, 2, 4, 8]
   pred = result["summary"]["by_variant"]["ssd@fan-out=4"]["all"]["predicted"]
   assert pred["t_primary"] == pytest.approx(1 + 0.2 / 11 / (0.5 / 11))
-  assert "SSD miss rate against fan-out" in benchmark.markdown(dict(result, fan_out_fit=fit))
+  assert "SSD miss rate against fan-out" in plan.markdown(dict(result, fan_out_fit=fit))
 
 
 def test_plots_from_a_sweep(tmp_path):
   pytest.importorskip("matplotlib")
-  from ssd_jax import bench_plots
+  from ssd_jax.bench import plots
   result = _fan_out_sweep_result()
-  paths = bench_plots.write_plots(result, str(tmp_path))
+  paths = plots.write_plots(result, str(tmp_path))
   names = sorted(os.path.basename(p) for p in paths)
   assert names == ["hit_rate_vs_fan_out.png", "predicted_vs_measured.png", "speed_by_dataset.png",
                    "speed_vs_fan-out.png"]
@@ -206,7 +206,8 @@ def test_plots_from_a_sweep(tmp_path):
 
 def test_hf_export_of_a_reduced_vocabulary_draft(tmp_path):
   """The exported draft gives our logits on its own tokens and never prefers another token under greedy argmax."""
-  from ssd_jax import api, checkpoints, hf_export, model
+  from ssd_jax import api, checkpoints, model
+  from ssd_jax.bench import hf_export
   pipe = api.load_tiny()
   d = pipe.draft
   info = hf_export.export_llama(d.params, d.cfg, str(tmp_path), tokenizer=pipe.tokenizer.tok, eos_id=2)
@@ -231,8 +232,9 @@ def test_hf_peer_greedy_equals_ours(tmp_path):
   """transformers' AR and assisted generation on the exported tiny pair give our greedy tokens (needs torch)."""
   pytest.importorskip("torch")
   pytest.importorskip("transformers")
-  from ssd_jax import api, hf_export
-  from ssd_jax.hf_peer import HFPeer
+  from ssd_jax import api
+  from ssd_jax.bench import hf_export
+  from ssd_jax.bench.hf_peer import HFPeer
   pipe = api.load_tiny()
   for name, m in (("t", pipe.target), ("d", pipe.draft)):
     hf_export.export_llama(m.params, m.cfg, str(tmp_path / name), eos_id=2)
@@ -277,7 +279,7 @@ def test_pipeline_runs_its_default_mode_when_none_is_given(monkeypatch):
 def test_step_cost_counts_every_weight_matrix_and_times_a_step():
   from ssd_jax import model
   from ssd_jax.config import ModelConfig
-  from ssd_jax.step_cost import compiled_step, interleaved_ms, macs_per_token
+  from ssd_jax.bench.step_cost import compiled_step, interleaved_ms, macs_per_token
   for head_vocab in (None, 40):
     cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=24,
                       head_vocab=head_vocab, tie_embeddings=True, max_seq_len=128)

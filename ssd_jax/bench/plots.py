@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .benchmark import SWEEPS, fan_out_fit, sweep_series
+from .plan import SWEEPS, fan_out_fit, sweep_series
 
 
 def _pyplot():

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import model
-from .config import ModelConfig
-from .kv_cache import KVCache
+from .. import model
+from ..config import ModelConfig
+from ..kv_cache import KVCache
 
 
 def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512):
@@ -59,8 +59,8 @@ def macs_per_token(cfg: ModelConfig) -> int:
 def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512):
   """Returns run() -> seconds of one EAGLE draft step (one token reading its own last hidden state) after `prefix`
   cached positions, warmed up: the draft's per-token cost when it drafts (ssd_jax/eagle.py)."""
-  from . import eagle
-  from .kernels import causal_mask_info
+  from .. import eagle
+  from ..kernels import causal_mask_info
 
   @jax.jit
   def step(params, cache, tok, h):
