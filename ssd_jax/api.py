@@ -167,7 +167,7 @@ class Pipeline:
     `fan_out_strategy` 'geometric' spreads F*(K+1) guesses by Theorem 12 from the draft's calibration
     (scripts/calibrate_fan_out.py); `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the
     draft's top tokens (Saguaro sampling); the draft runs where `ssd_placement` puts it); None: `default_mode` (the
-    fastest measured here; AR on a CPU with the shipped draft). spec: a SpecOptions instead of those loose settings.
+    fastest measured here; SD on a CPU with the shipped draft). spec: a SpecOptions instead of those loose settings.
     temperature 0 is greedy; chat=False feeds the text without the chat template; stream, if given, is called with
     each new piece of text of the first prompt.
     """

@@ -31,11 +31,11 @@ def auto_ssd_placement(backend: str, target_devices: int, multi_process: bool, c
   return "devices"
 
 
-# The fastest mode measured on each backend with the shipped draft at K=1 (scripts/bench.py; README, "What runs by
-# default"). A default must never be slower than AR, so a backend nobody has measured runs AR. 2-core CPU, nothing
-# else running: AR 30.33 tok/s, SD 26.97 (0.89x), SSD with its draft in its own process 22.54 (0.74x). Revisit with
-# a better draft: longer accepted runs are what SD and SSD live on.
-FASTEST_MEASURED = {"cpu": "ar"}
+# The fastest mode measured on each backend with the shipped draft (scripts/bench.py; README, "Results"). A default
+# must never be slower than AR, so a backend nobody has measured runs AR. 2-core Intel Xeon, nothing else running,
+# after the few-row kernel (2026-12-05): AR 29.02 tok/s, SD K=1 33.67 (1.16x), SD K=2 34.51 (1.19x), SSD K=1 with its
+# draft in its own process 28.25 (0.97x). SD needs no hardware of its own, so it is the CPU default at any core count.
+FASTEST_MEASURED = {"cpu": "sd"}
 
 
 def default_mode(has_draft: bool, backend: str, draft_has_own_hardware: bool) -> str:

@@ -167,7 +167,7 @@ def test_speculation_memory_estimate():
 
 def test_auto_placement_and_default_mode(monkeypatch):
   """'auto' is the split placement on a CPU with two or more cores, else the in-process devices; the default mode
-  is the fastest measured on the backend (AR on a CPU with the shipped draft), AR where nothing was measured, and
+  is the fastest measured on the backend (SD on a CPU with the shipped draft), AR where nothing was measured, and
   SD instead of SSD where the draft has no hardware of its own."""
   from ssd_jax import api, defaults
   auto = defaults.auto_ssd_placement
@@ -176,7 +176,7 @@ def test_auto_placement_and_default_mode(monkeypatch):
   assert auto("cpu", 2, False, 8) == "devices" and auto("cpu", 1, True, 8) == "devices"  # TP / multi-process
   assert auto("gpu", 1, False, 64) == "devices" and auto("tpu", 4, False, 64) == "devices"
   mode = defaults.default_mode
-  assert mode(True, "cpu", True) == "ar" and mode(True, "cpu", False) == "ar"  # measured: AR beats SD and SSD
+  assert mode(True, "cpu", True) == "sd" and mode(True, "cpu", False) == "sd"  # measured: SD beats AR and SSD
   assert mode(True, "tpu", True) == "ar"  # not measured: AR
   monkeypatch.setitem(defaults.FASTEST_MEASURED, "gpu", "ssd")
   assert mode(True, "gpu", True) == "ssd" and mode(True, "gpu", False) == "sd" and mode(False, "gpu", True) == "ar"
@@ -253,11 +253,11 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
       assert k in s
     assert s["mode"] == "ar" and s["new_tokens"] == 8
   out2 = tmp_path / "default.jsonl"
-  # No --mode: the fastest measured on this backend (ssd_jax.defaults); with the shipped draft on a CPU, AR.
+  # No --mode: the fastest measured on this backend (ssd_jax.defaults); with the shipped draft on a CPU, SD.
   r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--json-out", str(out2))
   assert r.returncode == 0, r.stderr
   s = json.loads(out2.read_text())["stats"]
-  assert s["mode"] == "ar"
+  assert s["mode"] == "sd" and s["k"] == 1
   # --mode ssd without a placement: 'auto', the draft in its own process on a CPU with two cores or more.
   r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--mode", "ssd", "--json-out", str(out2))
   assert r.returncode == 0, r.stderr
