@@ -135,6 +135,27 @@ def test_eagle_temperature_one_matches_target_joint_distribution(mode, backup):
   assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
 
 
+def test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law():
+  """SSD-EAGLE with Saguaro sampling where q' is far from q (C = 0.1 on the top 3 of 4 tokens; the draft's head
+  scaled by 0.3 so that its law is flat enough for that to matter): tokens 4 to 6, emitted mostly from cached
+  speculations, against the marginal of the numpy joint law of six tokens (3000 rows, 64 cells at 1e-4: detects
+  w >= 0.18 with power 0.99). scripts/mutation_run.py hands the verifier the EAGLE draft's plain q; this test fails."""
+  import numpy_reference as ref
+  from test_rejection_sampler import _chi2_pvalue
+  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, n_layers=3, tie_embeddings=False)
+  tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
+  dcfg, dp = _eagle(cfg, tp, np.arange(4), seed=5, scale=0.5)
+  dp["head"] = dp["head"] * 0.3
+  prompt = [1, 2, 0]
+  res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2, saguaro_c=0.1, placement="devices")).generate(
+      [prompt] * 3000, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1))
+  assert 0.3 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
+  counts = np.zeros((4,) * 3)
+  np.add.at(counts, tuple(np.asarray([r.token_ids[3:6] for r in res]).T), 1)
+  law = ref.joint_law(jax.device_get(tp), cfg, prompt, 6, 1.0, 1.0).sum(axis=(0, 1, 2))
+  assert _chi2_pvalue(counts.ravel(), law.ravel()) > 1e-4
+
+
 @pytest.fixture(scope="module")
 def agreeing_pair():
   """A V=8 target and an EAGLE draft that agrees with it often enough (about 1 draft in 3) for the replay test."""
