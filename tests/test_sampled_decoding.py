@@ -17,7 +17,7 @@ from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
 from ssd_jax.kv_cache import KVCache
 
 from test_rejection_sampler import _chi2_pvalue, detectable_w, effect_size
-from test_sd import _perturbed
+from test_sd import v4_pair
 
 ROWS, PROMPT = 3000, [1, 2, 0]
 SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
@@ -25,14 +25,9 @@ SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
 
 @pytest.fixture(scope="module")
 def tiny():
-  """A V=4 target, a draft noticeably different from it, and the target's params on the host.
-
-  Untied embeddings: with tied ones a tiny model repeats its last token with probability ~0.99, and a law that
-  peaked leaves a test nothing to see (top_p = 0.7 would keep a single token).
-  """
-  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
-  tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
-  return cfg, tp, _perturbed(tp, 0.3, 5), jax.device_get(tp)
+  """test_sd's V=4 pair (untied: a peaked law would leave top_p = 0.7 a single token) and the target on the host."""
+  cfg, tp, dp = v4_pair()
+  return cfg, tp, dp, jax.device_get(tp)
 
 
 def _decode(mode, cfg, tp, dp, temperature, top_p, seed):

@@ -11,7 +11,7 @@ from ssd_jax.decode.base import pad_prompts
 from ssd_jax.decode.steps import draft_tree, lookup, prefill
 from ssd_jax.kv_cache import KVCache
 
-from test_sd import PROMPTS, _perturbed, assert_joint_matches_target
+from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, v4_pair
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +102,7 @@ def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
 def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
   """As for SD: tokens emitted through SSD rounds (hits and misses) follow the target's joint distribution,
   with plain sampling and with Saguaro sampling (the draft's top set down-weighted by C)."""
-  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
-  tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
-  dp = _perturbed(tp, 0.5, 5)
+  cfg, tp, dp = v4_pair()
   prompt = [1, 2, 0]
   n = 3000
   res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=1, fan_out=2, saguaro_c=saguaro_c)).generate(
@@ -140,9 +138,7 @@ def test_greedy_ssd_backups_and_fan_out_vectors(pair, backup, fan_out, fan_out_m
 @pytest.mark.parametrize("backup", ["fast", "ngram"])
 def test_ssd_temperature_one_exact_with_fast_backups(backup):
   """Fast backups' tokens are not drawn from the draft: they must still give the target's distribution."""
-  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
-  tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
-  dp = _perturbed(tp, 0.5, 5)
+  cfg, tp, dp = v4_pair()
   prompt = [1, 2, 0, 1, 2]
   res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=1, backup=backup)).generate(
       [prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=6))
