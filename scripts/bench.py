@@ -42,8 +42,8 @@ def parse_args(argv=None):
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--batch-size", type=int, default=1)
-  p.add_argument("--k", type=int, default=1,
-                 help="draft tokens per round (sd, ssd, hf-sd); 1, as decode.py and the API: the fastest measured here")
+  p.add_argument("--k", type=int, default=2,
+                 help="draft tokens per round (sd, ssd, hf-sd); 2, as decode.py and the API: the fastest measured here")
   p.add_argument("--fan-out", default="3", help="ssd: F, or K+1 counts 'F0,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")

@@ -137,7 +137,7 @@ class Pipeline:
     return spec
 
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
-                   stream: Callable[[list[int]], None] | None = None, k: int = 1, fan_out=3, fan_out_miss=None,
+                   stream: Callable[[list[int]], None] | None = None, k: int = 2, fan_out=3, fan_out_miss=None,
                    fan_out_strategy: str = "uniform", backup: str = "neural", saguaro_c: float = 1.0,
                    spec: SpecOptions | None = None, **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode, speculation
@@ -158,7 +158,7 @@ class Pipeline:
   def generate(self, prompts: Sequence[str] | str, mode: str | None = None, max_new_tokens: int = 128,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
-               k: int = 1, fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
+               k: int = 2, fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
                saguaro_c: float = 1.0, spec: SpecOptions | None = None) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 

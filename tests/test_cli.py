@@ -19,7 +19,7 @@ def run(script, *args, timeout=600):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--prompts", "/nonexistent.jsonl"], "does not exist"),
     (["--temperature", "-1"], "--temperature"),
-    (["--mode", "ssd", "--fan-out", "1,2,3"], "K+1 = 2"),  # K is 1 by default
+    (["--mode", "ssd", "--fan-out", "1,2"], "K+1 = 3"),  # K is 2 by default
     (["--k", "0"], "--k must be >= 1"),
     (["--temperature", "nan"], "--temperature must be a finite number"),  # was decoded greedily
     (["--temperature", "inf"], "--temperature must be a finite number"),
@@ -127,7 +127,7 @@ def _decode_script():
 
 def test_options_the_mode_does_not_read_are_listed():
   decode = _decode_script()
-  args = decode.parse_args(["--k", "2", "--fan-out", "5", "--backup", "fast", "--ssd-placement", "processes",
+  args = decode.parse_args(["--k", "3", "--fan-out", "5", "--backup", "fast", "--ssd-placement", "processes",
                             "--saguaro-c", "0.5", "--fan-out-strategy", "geometric", "--fan-out-miss", "5,5,5"])
   ssd_only = ["--fan-out", "--fan-out-miss", "--fan-out-strategy", "--backup", "--saguaro-c", "--ssd-placement"]
   assert decode.ignored_options(args, "ssd") == []
@@ -257,7 +257,7 @@ def test_decode_json_out_and_prompt_too_long(tmp_path):
   r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--json-out", str(out2))
   assert r.returncode == 0, r.stderr
   s = json.loads(out2.read_text())["stats"]
-  assert s["mode"] == "sd" and s["k"] == 1
+  assert s["mode"] == "sd" and s["k"] == 2
   # --mode ssd without a placement: 'auto', the draft in its own process on a CPU with two cores or more.
   r = run("decode.py", "--prompt", "Say hi.", "--max-new-tokens", "10", "--mode", "ssd", "--json-out", str(out2))
   assert r.returncode == 0, r.stderr

@@ -65,7 +65,7 @@ class SpecOptions:
   down-weights the draft's top tokens (Saguaro sampling). placement: SSD's draft on its own JAX device of this process
   ('devices') or in a child process on its own CPU cores ('processes').
   """
-  k: int = 1
+  k: int = 2
   fan_out: tuple[int, ...] | int | str = 3
   fan_out_miss: tuple[int, ...] | int | str | None = None
   fan_out_strategy: str = "uniform"
