@@ -82,6 +82,26 @@ def rejection_sample(key: jax.Array, p: jax.Array, q: jax.Array, draft_tokens: j
   return accept_len, bonus
 
 
+def greedy_or(sampled, logits: jax.Array, temperature):
+  """Returns sampled(logits) -> (tokens, probs) at temperature > 0, else (argmax, its one-hot): what sampled returns
+  at temperature 0 (a one-hot law, which Saguaro leaves unchanged, draws its argmax), without the softmax and the
+  Gumbel draw over the vocabulary (one lax.cond: both branches compiled, one run)."""
+  def greedy(lg):
+    tok = jnp.argmax(lg.astype(jnp.float32), -1).astype(jnp.int32)
+    return tok, jax.nn.one_hot(tok, lg.shape[-1], dtype=jnp.float32)
+  return jax.lax.cond(temperature > 0, sampled, greedy, logits)
+
+
+def greedy_outcome(logits: jax.Array, draft_tokens: jax.Array):
+  """Returns (accept_len [B], bonus [B]) of rejection_sample at temperature 0, from the logits [B, K+1, V] directly:
+  draft i is accepted while it is the target's argmax there, and the bonus is the argmax where the run stops (with
+  one-hot p and q, rejection_sample draws exactly these)."""
+  top = jnp.argmax(logits.astype(jnp.float32), -1).astype(jnp.int32)  # [B, K+1]
+  match = (draft_tokens == top[:, :-1]).astype(jnp.int32)
+  accept_len = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
+  return accept_len, jnp.take_along_axis(top, accept_len[:, None], 1)[:, 0]
+
+
 def saguaro_rescale(probs: jax.Array, c, n_top: int) -> jax.Array:
   """Returns probs with its `n_top` most likely tokens down-weighted by C and renormalised (Saguaro sampling).
 

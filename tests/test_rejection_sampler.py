@@ -227,3 +227,22 @@ def test_multi_position_joint_distribution_k3():
   assert _chi2_pvalue(np.bincount(first, minlength=6), np.asarray(p[0])) > ALPHA
   sec = second[second >= 0]
   assert _chi2_pvalue(np.bincount(sec, minlength=6), np.asarray(p[1])) > ALPHA
+
+
+def test_greedy_outcome_equals_the_rejection_rule_at_temperature_0():
+  """verify's greedy shortcut (argmaxes, no draw) gives what rejection_sample gives with one-hot p and q, for every
+  acceptance length 0..K, with ties in the logits (both take the first maximum)."""
+  rng = np.random.default_rng(5)
+  b, k, v = 400, 3, 12
+  logits = rng.integers(0, 4, size=(b, k + 1, v)).astype(np.float32)  # small integers: many ties
+  top = logits.argmax(-1)
+  stop = rng.integers(0, k + 1, size=b)  # the first position whose draft differs from the argmax (k: none)
+  other = (top[:, :k] + 1 + rng.integers(0, v - 1, (b, k))) % v  # never the argmax
+  drafts = np.where(np.arange(k)[None, :] < stop[:, None], top[:, :k], other)
+  p = sampling.processed_probs(jnp.asarray(logits), 0.0, 1.0)
+  q = jax.nn.one_hot(jnp.asarray(drafts), v)
+  want = sampling.rejection_sample(jax.random.key(0), p, q, jnp.asarray(drafts, jnp.int32))
+  got = sampling.greedy_outcome(jnp.asarray(logits), jnp.asarray(drafts, jnp.int32))
+  np.testing.assert_array_equal(np.asarray(got[0]), stop)
+  for w, g in zip(want, got):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

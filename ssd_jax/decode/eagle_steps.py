@@ -78,9 +78,11 @@ def _catch_up(params, cache, hist, window, lengths, cfg, attn_impl):
 def _draw(params, logits, key, temperature, top_p, saguaro_c, saguaro_top: int, cfg):
   """Returns (token ids [B, ...], the exact distribution they were drawn from over the head rows [B, ..., V_out]);
   `key` is one key, or one per row [B]."""
-  probs = sampling.processed_probs(logits, temperature, top_p)
-  probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
-  tok = jax.vmap(sampling.sample)(key, probs) if key.ndim else sampling.sample(key, probs)
+  def sampled(lg):
+    probs = sampling.saguaro_rescale(sampling.processed_probs(lg, temperature, top_p), saguaro_c, saguaro_top)
+    return (jax.vmap(sampling.sample)(key, probs) if key.ndim else sampling.sample(key, probs)), probs
+
+  tok, probs = sampling.greedy_or(sampled, logits, temperature)
   return model.to_token_ids(params, tok, cfg), probs
 
 

@@ -116,8 +116,13 @@ def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperatu
   tokens = jnp.concatenate([bonus_prev[:, None], drafts], axis=1)
   out = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl, feature_layers=feature_layers)
   logits, cache = out[0], out[1]
-  p = sampling.processed_probs(logits, temperature, top_p)
-  accept_len, bonus = sampling.rejection_sample(key, p, q, drafts)
+
+  def sampled(lg):
+    p = sampling.processed_probs(lg, temperature, top_p)
+    return sampling.rejection_sample(key, p, q, drafts)
+
+  # Greedy takes the same outcome from argmaxes, skipping the softmax and the Gumbel draw over the vocabulary.
+  accept_len, bonus = jax.lax.cond(temperature > 0, sampled, lambda lg: sampling.greedy_outcome(lg, drafts), logits)
   accept_len = jnp.where(active, accept_len, 0)
   new_len = cache.lengths + jnp.where(active, 1 + accept_len, 0)
   return (accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))) + tuple(out[2:])
@@ -139,9 +144,13 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
   keys = jax.random.split(key, k)
 
   def draw(logits_row, kk):
-    probs = sampling.processed_probs(logits_row, temperature, top_p)  # over the draft's head vocabulary
-    probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
-    tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)
+    def sampled(lg):
+      probs = sampling.processed_probs(lg, temperature, top_p)  # over the draft's head vocabulary
+      probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
+      tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)
+      return tok, probs
+
+    tok, probs = sampling.greedy_or(sampled, logits_row, temperature)
     return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)
 
   tok, q = draw(logits[:, 0], keys[0])
@@ -215,9 +224,13 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
     mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
     lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl)
-    probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
-    probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
-    tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
+    def sampled(lg):
+      probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
+      probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
+      tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
+      return tok, probs
+
+    tok, probs = sampling.greedy_or(sampled, lg, temperature)
     tok = model.to_token_ids(params, tok, cfg)
     out_t = out_t.at[:, :, d].set(tok)
     out_q = out_q.at[:, :, d].set(probs)
