@@ -34,7 +34,7 @@ def make_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
   p.add_argument("--mode", default=None,
                  help="ar, sd or ssd (default: the fastest measured where it runs, ssd_jax.defaults: sd on a CPU "
-                      "with the shipped draft, 1.19x ar there; ar when no draft is loaded or nothing was measured)")
+                      "with the shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was measured)")
   p.add_argument("--k", type=int, default=2,
                  help="draft tokens per round (sd, ssd; default 2, the fastest for the shipped pair on a CPU: "
                       "stronger drafts and accelerators, where a wider verify costs little more, want more)")
