@@ -11,7 +11,7 @@ import pytest
 
 import ssd_jax.kernels.masked_attention as attn
 from ssd_jax.fan_out import geometric_fan_out, uniform_fan_out
-from ssd_jax.kernels import rows_matmul
+from ssd_jax.kernels import cpu_ffi, rows_matmul
 from test_attention_kernels import tree_mask, verify_mask
 
 needs_cpu_attention = pytest.mark.skipif(not attn.cpu_attention_available(),
@@ -31,21 +31,31 @@ def test_rows_matmul_matches_reference(m, k, n, transposed):
                              rtol=1e-4, atol=1e-4)
 
 
+# Every instruction set the kernels compile for that this CPU can run: the native build (what decoding uses) and the
+# x86-64 levels, so an AVX-512 machine also checks the AVX2 code (with GCC's Zen tuning, which once broke it) and the
+# portable SSE2 code, and an AVX2 machine its own and the portable one.
+ARCHES = [a for a in cpu_ffi.ARCH_FLAGS if cpu_ffi.runs_here(a)]
+
+
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("k,n", [(576, 1536), (1536, 576), (37, 101), (16, 7)])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_rows_matmul_row_does_not_depend_on_row_count(k, n, transposed):
+def test_rows_matmul_row_does_not_depend_on_row_count(arch, k, n, transposed):
   """Every row count (each has its own register blocking, some split the columns into different blocks) gives each
   row bit for bit what that row gets alone: an AR step and a verify see the same logits for the same prefix. Shapes
-  off the vector width take the tail paths too."""
+  off the vector width take the tail paths too. Checked for each instruction set's build on this CPU."""
   rng = np.random.default_rng(k + n)
   x = jnp.asarray(rng.standard_normal((16, k), dtype=np.float32))
   w = jnp.asarray(rng.standard_normal((n, k) if transposed else (k, n), dtype=np.float32))
-  f = jax.jit(lambda x, w: rows_matmul.rows_matmul(x, w, transposed))
-  alone = np.stack([np.asarray(f(x[i:i + 1], w))[0] for i in range(16)])
+  call = rows_matmul.variant(arch)
+  # One program for all 31 calls: each row alone, then the first m rows together for every m.
+  outs = jax.jit(lambda x, w: ([call(x[i:i + 1], w, transposed)[0] for i in range(16)],
+                               [call(x[:m], w, transposed) for m in range(2, 17)]))(x, w)
+  alone = np.stack([np.asarray(o) for o in outs[0]])
   np.testing.assert_allclose(alone, np.asarray(rows_matmul.ref_rows_matmul(x, w, transposed)), rtol=1e-4, atol=1e-4)
-  for m in range(2, 17):
-    np.testing.assert_array_equal(np.asarray(f(x[:m], w)), alone[:m], err_msg=f"{m} rows")
+  for m, got in zip(range(2, 17), outs[1]):
+    np.testing.assert_array_equal(np.asarray(got), alone[:m], err_msg=f"{arch}: {m} rows")
 
 
 _FIRST_USE = """
@@ -145,6 +155,29 @@ def test_cpu_attention_tree_matches_reference(kk, fan_out, h, g):
   q, k, v = _draw(rng, b, n, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
   for _ in range(3):
     _check_cpu_attention(q, k, v, tree_mask(rng, rng.integers(1, 48, b), kk, fan_out))
+
+
+@needs_cpu_attention
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("h,g,d", [(9, 3, 64), (4, 2, 12), (2, 1, 37)])  # head dims on and off the vector width
+def test_cpu_attention_query_does_not_depend_on_the_others(arch, h, g, d):
+  """A query attends to the same keys whether it comes alone (an AR step) or among the T queries of a verify, and
+  gets the same bits: for each instruction set's build on this CPU, and against the reference."""
+  rng = np.random.default_rng(d)
+  b, t, s = 2, 6, 40
+  q, k, v = _draw(rng, b, t, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
+  mask = verify_mask(np.asarray([3, 21]), t, t - 1)
+  call = attn.cpu_attention_variant(arch)
+
+  def alone(i):
+    one = attn.MaskInfo(mask.visible_end[:, i:i + 1], mask.tree_start, mask.tree_branch[:, i:i + 1],
+                        mask.tree_depth[:, i:i + 1], mask.tree_width)
+    return call(q[:, i:i + 1], k, v, one)
+
+  together, singles = jax.jit(lambda: (call(q, k, v, mask), [alone(i) for i in range(t)]))()
+  np.testing.assert_allclose(np.asarray(together), np.asarray(attn.ref_attention(q, k, v, mask)), rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(np.asarray(together), np.concatenate([np.asarray(x) for x in singles], axis=1),
+                                err_msg=arch)
 
 
 @needs_cpu_attention

@@ -1,8 +1,10 @@
 """Builds and registers the project's C++ XLA:CPU FFI kernels (ssd_jax/kernels/cpu/*.cc).
 
-Each kernel is compiled with the system C++ compiler on first use and cached (by source hash and CPU model and flags) under
-~/.cache/ssd-jax/kernels. Where that is impossible (no compiler, another platform, SSD_JAX_NO_CPU_KERNELS set)
-`available(name)` is False and callers use plain jnp code.
+Each kernel is compiled with the system C++ compiler on first use, for this CPU (-march=native), and cached (by the
+sources' hash, the flags and the CPU model and flags) under ~/.cache/ssd-jax/kernels. `build(name, arch)` also
+compiles for another x86-64 level (the tests check every vector width's code path on one machine). Where building is
+impossible (no compiler, another platform, SSD_JAX_NO_CPU_KERNELS set) `available(name)` is False and callers use
+plain jnp code.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import jax
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu")
 _LOCK = threading.Lock()
 _STATE: dict[str, bool] = {}  # source name -> whether its targets are registered (after the first attempt)
+_VARIANTS: dict[tuple[str, str], dict[str, str]] = {}  # (source name, arch) -> {target: registered name}
 
 
 def _cache_dir() -> str:
@@ -44,26 +47,94 @@ def _cpu_signature() -> str:
   return "\n".join(sig)
 
 
-def _build(name: str) -> str:
+# Instruction sets a kernel can be built for. "native" is what the kernels run with (-march=native: this CPU's
+# vector width and tuning); the others exist so that one machine can check the code paths of the others (the tests
+# build each that this CPU can execute). "x86-64-v3-zen" is AVX2 with GCC's AMD Zen tuning, which declines to
+# contract multiply-add chains into FMAs: the one combination that broke row-count invariance on an EPYC before the
+# kernels wrote every FMA out.
+ARCH_FLAGS = {
+    "native": ["-march=native"],
+    "x86-64-v4": ["-march=x86-64-v4"],          # AVX-512
+    "x86-64-v3": ["-march=x86-64-v3"],          # AVX2 + FMA
+    "x86-64-v3-zen": ["-march=x86-64-v3", "-mtune=znver3"],
+    "x86-64": ["-march=x86-64"],                # SSE2 only: the portable fallback, no FMA
+}
+# CPU flags (/proc/cpuinfo) each x86 level needs to run.
+_ARCH_NEEDS = {"x86-64-v4": {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"},
+               "x86-64-v3": {"avx2", "fma", "bmi2", "f16c", "movbe"},
+               "x86-64-v3-zen": {"avx2", "fma", "bmi2", "f16c", "movbe"},
+               "x86-64": set()}
+
+
+def _cpu_flags() -> set[str]:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.split(":", 1)[0].strip() == "flags":
+          return set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return set()
+
+
+def runs_here(arch: str) -> bool:
+  """Returns whether code built for `arch` (a key of ARCH_FLAGS) can execute on this CPU."""
+  if arch == "native":
+    return True
+  if platform.machine() not in ("x86_64", "AMD64"):
+    return False
+  return _ARCH_NEEDS[arch] <= _cpu_flags()
+
+
+# Floating point as the source writes it: no reassociation, no contraction (every FMA in the kernels is written out
+# explicitly, so whether a multiply-add is fused is decided in the code, the same for every template instance and
+# every tuning), no reciprocal tricks. What remains of -ffast-math (no errno, no traps) cannot change a result.
+_FP_FLAGS = ["-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
+
+
+def build(name: str, arch: str = "native") -> str:
+  """Returns the path of ssd_jax/kernels/cpu/{name}.cc compiled for `arch` (ARCH_FLAGS), building it if needed."""
   src = os.path.join(_DIR, name + ".cc")
-  with open(src, "rb") as f:
-    src_hash = hashlib.sha256(f.read()).hexdigest()[:16]
-  cpu = hashlib.sha256(_cpu_signature().encode()).hexdigest()[:8]
-  out = os.path.join(_cache_dir(), f"{name}_{src_hash}_{cpu}.so")
+  h = hashlib.sha256()
+  for path in [src] + sorted(os.path.join(_DIR, f) for f in os.listdir(_DIR) if f.endswith(".h")):
+    with open(path, "rb") as f:
+      h.update(f.read())
+  src_hash = h.hexdigest()[:16]
+  flags = ["-O3", *ARCH_FLAGS[arch], *_FP_FLAGS, "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+  # The key covers the source, the flags and (for -march=native) the CPU: a cache copied to another machine must not
+  # hand it a kernel built for instructions it lacks.
+  key = hashlib.sha256((" ".join(flags) + (_cpu_signature() if arch == "native" else "")).encode()).hexdigest()[:8]
+  suffix = "" if arch == "native" else "_" + arch.replace("-", "_")
+  out = os.path.join(_cache_dir(), f"{name}{suffix}_{src_hash}_{key}.so")
   if os.path.exists(out):
     return out
   os.makedirs(_cache_dir(), exist_ok=True)
   cxx = os.environ.get("CXX", "g++")
   tmp = f"{out}.{os.getpid()}.tmp"
-  # -fno-associative-math: sums keep the order the source gives, so a row's result does not depend on how many
-  # rows share a call (the few-row kernel's unrolled and plain paths add the same terms in the same order).
-  cmd = [cxx, "-O3", "-march=native", "-ffast-math", "-fno-associative-math", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
-         "-I", jax.ffi.include_dir(), src, "-o", tmp]
-  res = subprocess.run(cmd, capture_output=True, text=True)
+  res = subprocess.run([cxx, *flags, "-I", jax.ffi.include_dir(), src, "-o", tmp], capture_output=True, text=True)
   if res.returncode != 0:
     raise RuntimeError(res.stderr[-2000:])
   os.replace(tmp, out)
   return out
+
+
+def register_variant(name: str, targets: dict[str, str], arch: str) -> dict[str, str]:
+  """Builds {name}.cc for `arch` and registers its targets under names of their own; returns {target: variant
+  target}. For tests that check another instruction set's code path on this machine."""
+  if arch == "native":
+    if not available(name, targets):
+      raise RuntimeError(f"the C++ CPU kernel {name} is not available")
+    return {t: t for t in targets}
+  key = (name, arch)
+  if key not in _VARIANTS:
+    with _LOCK:
+      lib = ctypes.CDLL(build(name, arch))
+      names = {}
+      for target, symbol in targets.items():
+        names[target] = f"{target}__{arch.replace('-', '_')}"
+        jax.ffi.register_ffi_target(names[target], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+      _VARIANTS[key] = names
+  return _VARIANTS[key]
 
 
 def _switched_off() -> str | None:
@@ -88,7 +159,7 @@ def available(name: str, targets: dict[str, str]) -> bool:
       try:
         # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        lib = ctypes.CDLL(_build(name))
+        lib = ctypes.CDLL(build(name))
         for target, symbol in targets.items():
           jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
         _STATE[name] = True

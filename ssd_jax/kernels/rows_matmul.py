@@ -28,11 +28,11 @@ def ref_rows_matmul(x, w, transposed: bool = False):
   return jnp.einsum("...k,nk->...n", x, w) if transposed else x @ w
 
 
-def _ffi_local(x, w, transposed: bool):
+def _ffi_local(x, w, transposed: bool, targets: dict[str, str] | None = None):
   n = w.shape[0] if transposed else w.shape[1]
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
   name = "ssd_rows_matmul_t" if transposed else "ssd_rows_matmul"
-  return jax.ffi.ffi_call(name, out)(x, w)
+  return jax.ffi.ffi_call((targets or {}).get(name, name), out)(x, w)
 
 
 def _tp_specs(transposed: bool, x_ndim: int, w_sharding):
@@ -106,3 +106,10 @@ def rows_matmul(x, w, transposed: bool = False):
   if w.ndim != 2 or x.shape[-1] != w.shape[1 if transposed else 0]:
     raise ValueError(f"rows_matmul: x {x.shape} does not match w {w.shape} (transposed={transposed})")
   return _rows(x, w, transposed)
+
+
+def variant(arch: str):
+  """Returns rows_matmul(x, w, transposed) through the kernel built for `arch` (a key of cpu_ffi.ARCH_FLAGS), on one
+  device and without a gradient: tests check another instruction set's code path on this machine with it."""
+  targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
+  return lambda x, w, transposed=False: _ffi_local(x, w, transposed, targets)

@@ -9,6 +9,10 @@
 //
 // Layouts (row-major): q [B, T, H, D], k and v [B, S, G, D], visible_end / tree_branch / tree_depth [B, T],
 // tree_start [B]; out [B, T, H, D]. H = G * R. Computed in float32.
+//
+// A query's output depends only on its own q, mask metadata and the keys it sees, never on the other queries in the
+// call: an AR step and the same position inside a verify get the same bits. Sums run in a fixed order with explicit
+// FMAs (simd.h), so neither the vector code the compiler picks nor a buffer's alignment can change them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,11 +21,15 @@
 
 #include <omp.h>
 
+#include "simd.h"
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using namespace ssd_simd;  // NOLINT: vf, kW, Load, Fma, HSum
 
 constexpr float kNeg = -1e30f;
 constexpr int kMaxR = 16;  // query heads per KV head handled in registers-sized scratch
@@ -31,10 +39,13 @@ int Threads() {
   return n < 1 ? 1 : n;
 }
 
+// Lanes of vectors in k order, the fixed reduction tree, then the tail in order.
 inline float Dot(const float* a, const float* b, int64_t d) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < d; ++i) s += a[i] * b[i];
+  vf acc = vf{};
+  int64_t i = 0;
+  for (; i + kW <= d; i += kW) acc = Fma(Load(a + i), Load(b + i), acc);
+  float s = HSum(acc);
+  for (; i < d; ++i) s = Fma(a[i], b[i], s);
   return s;
 }
 
@@ -56,13 +67,13 @@ void AttendGroup(const float* q, const float* k, const float* v, float* out, int
       float* a = acc.data() + r * D;
       if (x > m[r]) {
         const float c = std::exp(m[r] - x);
-        l[r] = l[r] * c + 1.f;
-        for (int64_t i = 0; i < D; ++i) a[i] = a[i] * c + vs[i];
+        l[r] = Fma(l[r], c, 1.f);
+        for (int64_t i = 0; i < D; ++i) a[i] = Fma(a[i], c, vs[i]);
         m[r] = x;
       } else {
         const float p = std::exp(x - m[r]);
         l[r] += p;
-        for (int64_t i = 0; i < D; ++i) a[i] += p * vs[i];
+        for (int64_t i = 0; i < D; ++i) a[i] = Fma(p, vs[i], a[i]);
       }
     }
   };

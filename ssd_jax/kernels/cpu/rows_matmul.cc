@@ -9,13 +9,18 @@
 //
 // Exactness across row counts: a row's result must not depend on how many other rows share the call (a verify row
 // then gets bit for bit what the same row gets alone). Every output element is built the same way whatever M and
-// whatever block it falls in: products added one k at a time in k order (as fused multiply-adds), per panel of
-// kPanel weight rows, panels added to the output in k order; the dot form ends with the same fixed reduction tree.
-// The build keeps the source's association (-fno-associative-math), so this order is the one executed.
+// whatever block it falls in: products added one k at a time in k order, per panel of kPanel weight rows, panels
+// added to the output in k order; the dot form ends with the same fixed reduction tree. Each multiply-add is written
+// out as Fma() (simd.h): fused wherever the instruction set has FMA, a rounded multiply then an add where it has not.
+// The build forbids the compiler both reassociation and contraction (cpu_ffi.py: -ffp-contract=off), so no template
+// instance or -mtune can choose differently: GCC's Zen tuning, for one, leaves some multiply-add chains unfused,
+// which made rows differ between row counts on an AVX2 EPYC when contraction was left to the optimiser.
 #include <cstdint>
 #include <cstring>
 
 #include <omp.h>
+
+#include "simd.h"
 
 #include "xla/ffi/api/ffi.h"
 
@@ -23,40 +28,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-#if defined(__AVX512F__)
-#define SSD_VW 16  // floats per vector register
-constexpr int kRegs = 32;
-#else
-#define SSD_VW 8
-constexpr int kRegs = 16;
-#endif
-constexpr int kW = SSD_VW;
-typedef float vf __attribute__((vector_size(SSD_VW * sizeof(float))));
-
-inline vf Load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void Store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-
-inline vf Splat(float a) { return vf{} + a; }
-
-// The one reduction tree every dot product ends with: halves added pairwise down to one lane.
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
-inline float HSum(vf v) {
-#if SSD_VW == 16
-  const vf8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-#else
-  const vf8 h = v;
-#endif
-  const vf4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
-  const float a = q[0] + q[2], b = q[1] + q[3];
-  return a + b;
-}
+using namespace ssd_simd;  // NOLINT: the kernels' vocabulary (vf, kW, Load, Fma, HSum)
 
 // Threads for one call: the cores the calling thread may use now (libgomp reads its affinity on each call). When
 // the process is pinned to one core (SSD's split placement, `taskset`), the kernels run on one thread instead of
@@ -113,7 +85,7 @@ inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int6
       for (int j = 0; j < NB * kW; j += 16) __builtin_prefetch(wr + pd * N + j, 0, 2);
     for (int m = 0; m < M; ++m) {
       const vf a = Splat(X[m * K + k]);
-      for (int j = 0; j < NB; ++j) acc[m][j] += a * w[j];
+      for (int j = 0; j < NB; ++j) acc[m][j] = Fma(a, w[j], acc[m][j]);
     }
   }
   for (int m = 0; m < M; ++m)
@@ -130,7 +102,7 @@ inline void PanelTail(const float* X, const float* W, float* Y, int64_t K, int64
   for (; n < n1; ++n)
     for (int m = 0; m < M; ++m) {
       float s = 0.f;
-      for (int64_t k = k0; k < k1; ++k) s += X[m * K + k] * W[k * N + n];
+      for (int64_t k = k0; k < k1; ++k) s = Fma(X[m * K + k], W[k * N + n], s);
       Y[m * N + n] = first ? s : Y[m * N + n] + s;
     }
 }
@@ -173,13 +145,13 @@ inline void DotBlock(const float* X, const float* E, float* Y, int64_t K, int64_
       for (int r = 0; r < NR; ++r) __builtin_prefetch(E + (n + kDotPrefetchBlocks * NR + r) * K + k, 0, 2);
     for (int m = 0; m < M; ++m) {
       const vf x = Load(X + m * K + k);
-      for (int r = 0; r < NR; ++r) acc[m][r] += x * e[r];
+      for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
     }
   }
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) {
       float s = HSum(acc[m][r]), t = 0.f;
-      for (int64_t k = kv; k < K; ++k) t += X[m * K + k] * E[(n + r) * K + k];
+      for (int64_t k = kv; k < K; ++k) t = Fma(X[m * K + k], E[(n + r) * K + k], t);
       Y[m * N + n + r] = s + t;
     }
 }

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 
 from ..mask import MaskInfo, causal_mask_info, visible_at, visible_mask
-from .cpu import cpu_attention, cpu_attention_available
+from .cpu import cpu_attention, cpu_attention_available, cpu_attention_variant
 from .pallas import pallas_attention
 from .ref import ref_attention
 
 __all__ = ["IMPLS", "MaskInfo", "attention", "causal_mask_info", "cpu_attention", "cpu_attention_available",
-           "pallas_attention", "ref_attention", "resolve_impl", "visible_at", "visible_mask"]
+           "cpu_attention_variant", "pallas_attention", "ref_attention", "resolve_impl", "visible_at", "visible_mask"]
 
 IMPLS = ("auto", "ref", "cpu", "pallas")
 

@@ -23,9 +23,10 @@ def cpu_attention_available() -> bool:
   return cpu_ffi.available("masked_attention", _CPU_TARGETS)
 
 
-def _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width: int):
+def _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width: int,
+               target: str = "ssd_masked_attention"):
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-  return jax.ffi.ffi_call("ssd_masked_attention", out)(q, k, v, vis_end, tree_start, tree_branch, tree_depth,
+  return jax.ffi.ffi_call(target, out)(q, k, v, vis_end, tree_start, tree_branch, tree_depth,
                                                       tree_width=np.int64(tree_width))
 
 
@@ -94,3 +95,16 @@ def cpu_attention(q, k, v, mask: MaskInfo):
   i32 = lambda x: x.astype(jnp.int32)  # noqa: E731
   return _cpu_attention(q, k, v, i32(mask.visible_end), i32(mask.tree_start), i32(mask.tree_branch),
                         i32(mask.tree_depth), mask.tree_width)
+
+
+def cpu_attention_variant(arch: str):
+  """Returns cpu_attention(q, k, v, mask) through the kernel built for `arch` (a key of cpu_ffi.ARCH_FLAGS), on one
+  device and without a gradient: tests check another instruction set's code path on this machine with it."""
+  target = cpu_ffi.register_variant("masked_attention", _CPU_TARGETS, arch)["ssd_masked_attention"]
+
+  def call(q, k, v, mask: MaskInfo):
+    i32 = lambda x: x.astype(jnp.int32)  # noqa: E731
+    return _cpu_local(q, k, v, i32(mask.visible_end), i32(mask.tree_start), i32(mask.tree_branch),
+                      i32(mask.tree_depth), mask.tree_width, target)
+
+  return call
