@@ -118,6 +118,18 @@ def build(name: str, arch: str = "native") -> str:
   return out
 
 
+def kernel_arch() -> str:
+  """Returns the instruction set the decoding kernels are built for: $SSD_JAX_CPU_ARCH (a key of ARCH_FLAGS: e.g.
+  x86-64-v3 for a cache shared by AVX2 and AVX-512 hosts, or to run another level's code path end to end), else
+  "native"."""
+  arch = os.environ.get("SSD_JAX_CPU_ARCH", "native")
+  if arch not in ARCH_FLAGS:
+    raise ValueError(f"SSD_JAX_CPU_ARCH={arch!r} is not one of {', '.join(ARCH_FLAGS)}")
+  if not runs_here(arch):
+    raise ValueError(f"SSD_JAX_CPU_ARCH={arch!r}: this CPU lacks its instructions")
+  return arch
+
+
 def register_variant(name: str, targets: dict[str, str], arch: str) -> dict[str, str]:
   """Builds {name}.cc for `arch` and registers its targets under names of their own; returns {target: variant
   target}. For tests that check another instruction set's code path on this machine."""
@@ -159,7 +171,7 @@ def available(name: str, targets: dict[str, str]) -> bool:
       try:
         # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        lib = ctypes.CDLL(build(name))
+        lib = ctypes.CDLL(build(name, kernel_arch()))
         for target, symbol in targets.items():
           jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
         _STATE[name] = True
