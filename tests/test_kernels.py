@@ -19,7 +19,7 @@ needs_cpu_attention = pytest.mark.skipif(not attn.cpu_attention_available(),
 
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
-@pytest.mark.parametrize("m", [1, 2, 5, 9, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 9, 16, 40])
 @pytest.mark.parametrize("k,n", [(32, 48), (576, 1536), (37, 101)])  # 37, 101: not multiples of the vector width
 @pytest.mark.parametrize("transposed", [False, True])
 def test_rows_matmul_matches_reference(m, k, n, transposed):
@@ -46,15 +46,16 @@ def test_rows_matmul_row_does_not_depend_on_row_count(arch, k, n, transposed):
   row bit for bit what that row gets alone: an AR step and a verify see the same logits for the same prefix. Shapes
   off the vector width take the tail paths too. Checked for each instruction set's build on this CPU."""
   rng = np.random.default_rng(k + n)
-  x = jnp.asarray(rng.standard_normal((16, k), dtype=np.float32))
+  x = jnp.asarray(rng.standard_normal((41, k), dtype=np.float32))
   w = jnp.asarray(rng.standard_normal((n, k) if transposed else (k, n), dtype=np.float32))
   call = rows_matmul.variant(arch)
-  # One program for all 31 calls: each row alone, then the first m rows together for every m.
-  outs = jax.jit(lambda x, w: ([call(x[i:i + 1], w, transposed)[0] for i in range(16)],
-                               [call(x[:m], w, transposed) for m in range(2, 17)]))(x, w)
+  counts = list(range(2, 18)) + [24, 29, 41]  # one register block up to 12, tiles of at most 8 rows above
+  # One program for all calls: each row alone, then the first m rows together for every m.
+  outs = jax.jit(lambda x, w: ([call(x[i:i + 1], w, transposed)[0] for i in range(41)],
+                               [call(x[:m], w, transposed) for m in counts]))(x, w)
   alone = np.stack([np.asarray(o) for o in outs[0]])
   np.testing.assert_allclose(alone, np.asarray(rows_matmul.ref_rows_matmul(x, w, transposed)), rtol=1e-4, atol=1e-4)
-  for m, got in zip(range(2, 17), outs[1]):
+  for m, got in zip(counts, outs[1]):
     np.testing.assert_array_equal(np.asarray(got), alone[:m], err_msg=f"{arch}: {m} rows")
 
 
