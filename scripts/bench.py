@@ -17,6 +17,7 @@ the optional matplotlib: pip install -e ".[bench]"). See docs/benchmarks.md for 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -27,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from ssd_jax.cli_util import check_sampling, check_seed, fail, run_main, split_cpu
+from ssd_jax.cli_util import check_sampling, check_seed, fail, k_value, run_main, split_cpu
 
 
 def parse_args(argv=None):
@@ -42,8 +43,12 @@ def parse_args(argv=None):
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--batch-size", type=int, default=1)
-  p.add_argument("--k", type=int, default=2,
-                 help="draft tokens per round (sd, ssd, hf-sd); 2, as decode.py and the API: the fastest measured here")
+  p.add_argument("--k", type=k_value, default="auto",
+                 help="draft tokens per round (sd, ssd, hf-sd): an integer, or auto (default, as decode.py and the "
+                      "API): chosen per batch from this machine's step costs (--calibrate), 0 meaning AR")
+  p.add_argument("--calibrate", action="store_true",
+                 help="only measure this machine's step costs (AR step, verify of T = 2..5 and the draft step at "
+                      "batch 1, 2, 4, 8, 16) for k=auto, cache them and print the K chosen per batch size")
   p.add_argument("--fan-out", default="3", help="ssd: F, or K+1 counts 'F0,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")
@@ -143,11 +148,11 @@ def check_args(args) -> list[str]:
     fail("no modes to run")
   for name, val, ok in (("--num-prompts", args.num_prompts, args.num_prompts >= 1),
                         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 2),
-                        ("--batch-size", args.batch_size, args.batch_size >= 1), ("--k", args.k, args.k >= 1),
+                        ("--batch-size", args.batch_size, args.batch_size >= 1),
                         ("--saguaro-c", args.saguaro_c, 0 < args.saguaro_c <= 1)):
     if not ok:
       fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2, --batch-size >= 1, "
-           f"--k >= 1, --saguaro-c in (0, 1])")
+           f"--saguaro-c in (0, 1])")
   check_sampling(args.temperature)
   check_seed(args.seed)
   if args.target_devices < 1 or args.draft_devices not in (0, 1):
@@ -224,14 +229,18 @@ class Runner:
     if variant.mode.startswith("hf-"):
       rows = []
       for p in ids:
+        k = (self.pipe.choose_k(1, o["temperature"]) or 1) if o["k"] == "auto" else o["k"]
         toks, stats = self.peer.generate(p, variant.mode, self.args.max_new_tokens, o["temperature"], self.args.seed,
-                                         k=o["k"])
+                                         k=k)
         rows.append({"token_ids": toks, "stats": stats})
       return rows, 0.0
-    spec = spec_options(o)
-    dec = self.pipe.decoder(variant.mode, spec)
+    spec, mode = spec_options(o), variant.mode
+    if spec.auto and mode != "ar":  # as generate_ids resolves it for this batch: 0 runs AR
+      chosen = self.pipe.choose_k(len(ids), o["temperature"])
+      mode, spec = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+    dec = self.pipe.decoder(mode, spec)
     before = dec.programs.compile_seconds
-    res = self.pipe.generate_ids(ids, mode=variant.mode, batch_size=len(ids), spec=spec,
+    res = self.pipe.generate_ids(ids, mode=mode, batch_size=len(ids), spec=spec,
                                  max_new_tokens=self.args.max_new_tokens, temperature=o["temperature"],
                                  seed=self.args.seed, ignore_eos=True)
     return [{"token_ids": r.token_ids, "stats": r.stats.to_dict()} for r in res], dec.programs.compile_seconds - before
@@ -277,6 +286,8 @@ def main(argv=None):
   variants = bench_variants(args, modes)
   if args.verify_cost:
     return print_verify_cost(args)
+  if args.calibrate:
+    return calibrate(args, modes)
   prompt_sets = read_prompt_sets(args)
   names = list(prompt_sets)
   pipe = load_pipe(args, modes)
@@ -330,6 +341,29 @@ def bench_variants(args, modes) -> list:
     spec_options(v.opts)
     check_sampling(v.opts["temperature"])
   return variants
+
+
+def calibrate(args, modes) -> int:
+  """--calibrate: measures the step costs k='auto' chooses K from, caches them for this machine and pair, and prints
+  the K each batch size then gets and the speedups the model expects."""
+  from ssd_jax.decode import auto_k
+  from ssd_jax.fan_out import CALIBRATION_FILE, read_calibration
+
+  pipe = load_pipe(args, ["sd"])
+  costs = auto_k.measure(pipe.target, pipe.draft, log=lambda m: print(m, flush=True))
+  costs = dataclasses.replace(costs, about=f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, "
+                              f"{pipe.target.cfg.name} + {pipe.draft.cfg.name}")
+  path = pipe.step_costs_path()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(costs.to_json())
+  cal_file = os.path.join(pipe.draft.path, CALIBRATION_FILE)
+  a = auto_k.acceptance(read_calibration(cal_file) if os.path.exists(cal_file) else None, args.temperature)
+  print(f"step costs written to {path}; acceptance a = {a:.3f} at temperature {args.temperature:g}")
+  for b in auto_k.BATCHES:
+    ups = ", ".join(f"K={k} {auto_k.sd_speedup(costs, b, k, a):.2f}x" for k in range(1, auto_k.K_MAX + 1))
+    print(f"batch {b:>2}: k=auto -> K={pipe.choose_k(b, args.temperature)}  (expected SD over AR: {ups})")
+  return 0
 
 
 def print_verify_cost(args) -> int:

@@ -18,7 +18,8 @@ import sys
 
 from ssd_jax import distributed
 from ssd_jax.cli_util import (available_memory, check_output_file, check_sampling, check_seed,
-                              check_speculation_memory, fail, run_main, split_cpu, warn)
+                              check_speculation_memory, fail, k_value, run_main, split_cpu, warn)
+from ssd_jax.decode.auto_k import K_MAX
 from ssd_jax.defaults import MODES
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
@@ -35,9 +36,10 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--mode", default=None,
                  help="ar, sd or ssd (default: the fastest measured where it runs, ssd_jax.defaults: sd on a CPU "
                       "with the shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was measured)")
-  p.add_argument("--k", type=int, default=2,
-                 help="draft tokens per round (sd, ssd; default 2, the fastest for the shipped pair on a CPU: "
-                      "stronger drafts and accelerators, where a wider verify costs little more, want more)")
+  p.add_argument("--k", type=k_value, default="auto",
+                 help="draft tokens per round (sd, ssd): an integer, or auto (the default) to choose per batch from "
+                      "this machine's step costs (scripts/bench.py --calibrate measures them; without them K=2 at "
+                      "batch 1-2, 1 at 3-4, and plain AR for larger batches)")
   p.add_argument("--fan-out", default="3",
                  help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")
@@ -88,8 +90,6 @@ def check_args(args):
     fail(f"unknown --mode {args.mode!r}; choose from {', '.join(MODES)}")
   if args.max_new_tokens < 1:
     fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-  if args.k < 1:
-    fail(f"--k must be >= 1, got {args.k}")
   if args.batch_size < 1:
     fail(f"--batch-size must be >= 1, got {args.batch_size}")
   check_sampling(args.temperature, args.top_p)
@@ -141,7 +141,8 @@ def check_memory(args, draft_path: str, prompts: list[str], fan_out: tuple, back
     dcfg = ModelConfig.from_json(f.read())
   # Tokens are at most UTF-8 bytes (byte-level BPE); 128 more for the chat template.
   max_prompt = max(len(p.encode("utf-8")) for p in prompts) + 128
-  check_speculation_memory(dcfg, min(args.batch_size, len(prompts)), args.k, fan_out, max_prompt,
+  k = K_MAX if args.k == "auto" else args.k  # the largest K auto may choose
+  check_speculation_memory(dcfg, min(args.batch_size, len(prompts)), k, fan_out, max_prompt,
                            args.max_new_tokens, available_memory(device), scores)
 
 
@@ -175,7 +176,8 @@ def main(argv=None):
          + ("" if args.mode else " (the default here; choose another with --mode)"))
   if mode == "ssd":
     backend = jax.default_backend()
-    check_memory(args, draft_path, prompts, spec.fan_out, backend,
+    fan_out = (spec.fan_out,) * (K_MAX + 1) if spec.auto else spec.fan_out  # the widest tree auto may build
+    check_memory(args, draft_path, prompts, fan_out, backend,
                  None if backend == "cpu" else placement.draft_device)
 
   pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,

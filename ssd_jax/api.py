@@ -21,7 +21,7 @@ import numpy as np
 from . import checkpoints, defaults
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
-from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
+from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
 from .fan_out import CALIBRATION_FILE, read_calibration
 from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
@@ -78,6 +78,8 @@ class Pipeline:
     """Returns the decoder for `mode` with these speculation settings (default: `spec_options()`), built on first
     use and kept with its compiled programs."""
     spec = spec or self.spec_options()
+    if mode != "ar" and spec.auto:
+      raise ValueError("k='auto' is chosen per batch: pass spec.with_k(pipe.choose_k(rows, temperature))")
     # SD reads only K; SSD's placement is part of its settings (the bench switches it between calls).
     key = (mode, None if mode == "ar" else spec.k if mode == "sd" else spec)
     if key in self._decoders:
@@ -123,7 +125,7 @@ class Pipeline:
   @property
   def default_mode(self) -> str:
     """What generate() runs when no mode is given: the fastest mode measured on this backend, AR where none was
-    and without a draft (defaults.default_mode). With the shipped draft that is AR on a CPU."""
+    and without a draft (defaults.default_mode). With the shipped draft that is SD on a CPU."""
     return self.mode_and_placement()[0]
 
   def spec_options(self, spec: SpecOptions | None = None, **settings) -> SpecOptions:
@@ -132,14 +134,33 @@ class Pipeline:
     if spec is None:
       return SpecOptions(**{"placement": self.mode_and_placement()[1], **settings})
     defaults = {f.name: f.default for f in dataclasses.fields(SpecOptions)}
+    defaults["k"] = auto_k.AUTO  # generate()'s default
     if any(value != defaults[name] for name, value in settings.items()):
       raise ValueError("give either spec=SpecOptions(...) or its settings (k, fan_out, ...), not both")
     return spec
 
+  def choose_k(self, rows: int, temperature: float = 0.0) -> int:
+    """Returns the K that k='auto' runs for a batch of `rows` prompts (0: plain AR), from this machine's measured step
+    costs (`bench.py --calibrate`; a conservative built-in choice without them) and the draft's acceptance at
+    `temperature` (its fan-out calibration); decode/auto_k.py."""
+    if self.draft is None:
+      return 0
+    costs = auto_k.load_costs(self.step_costs_path())
+    cal_file = os.path.join(self.draft.path, CALIBRATION_FILE)
+    try:
+      calibration = read_calibration(cal_file) if os.path.exists(cal_file) else None
+    except ValueError:
+      calibration = None
+    return auto_k.choose_k(costs, rows, auto_k.acceptance(calibration, temperature))
+
+  def step_costs_path(self) -> str:
+    """Returns where this machine's step costs for this target and draft are cached (auto_k.measure writes them)."""
+    return auto_k.costs_path(repr(self.target.cfg), repr(self.draft.cfg) if self.draft else "", self.attn_impl)
+
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
-                   stream: Callable[[list[int]], None] | None = None, k: int = 2, fan_out=3, fan_out_miss=None,
-                   fan_out_strategy: str = "uniform", backup: str = "neural", saguaro_c: float = 1.0,
-                   spec: SpecOptions | None = None, **options):
+                   stream: Callable[[list[int]], None] | None = None, k: int | str = "auto", fan_out=3,
+                   fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
+                   saguaro_c: float = 1.0, spec: SpecOptions | None = None, **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode, speculation
     settings and options: as in generate). Every prompt is checked against the context before any is decoded."""
     if batch_size < 1:
@@ -147,22 +168,32 @@ class Pipeline:
     opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
     spec = self.spec_options(spec, k=k, fan_out=fan_out, fan_out_miss=fan_out_miss,
                              fan_out_strategy=fan_out_strategy, backup=backup, saguaro_c=saguaro_c)
-    dec = self.decoder(mode or self.default_mode, spec)
-    dec.check([len(p) for p in prompts], opts.max_new_tokens)
-    results = []
+    mode = mode or self.default_mode
+    batches = []
     for i in range(0, len(prompts), batch_size):
+      chunk = prompts[i:i + batch_size]
+      m, s = mode, spec
+      if mode != "ar" and spec.auto:  # K for this batch's rows; 0: speculation would not pay, run AR
+        chosen = self.choose_k(len(chunk), opts.temperature)
+        m, s = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+      dec = self.decoder(m, s)
+      dec.check([len(p) for p in chunk], opts.max_new_tokens)
+      batches.append((dec, chunk))
+    results = []
+    for i, (dec, chunk) in enumerate(batches):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
-      results += dec.generate(prompts[i:i + batch_size], opts, stream=cb)
+      results += dec.generate(chunk, opts, stream=cb)
     return results
 
   def generate(self, prompts: Sequence[str] | str, mode: str | None = None, max_new_tokens: int = 128,
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
-               k: int = 2, fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
-               saguaro_c: float = 1.0, spec: SpecOptions | None = None) -> list[Generation]:
+               k: int | str = "auto", fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform",
+               backup: str = "neural", saguaro_c: float = 1.0, spec: SpecOptions | None = None) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
-    mode: 'ar', 'sd' (K draft tokens per round, `k`; 1 by default, the fastest for the shipped pair on a CPU) or
+    mode: 'ar', 'sd' (K draft tokens per round, `k`: 'auto' by default, chosen per batch from this machine's step
+    costs, `choose_k`, 0 meaning AR; or an integer) or
     'ssd' (also `fan_out` bonus guesses per acceptance length: an int, or K+1 counts; `fan_out_miss` after a miss;
     `fan_out_strategy` 'geometric' spreads F*(K+1) guesses by Theorem 12 from the draft's calibration
     (scripts/calibrate_fan_out.py); `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the

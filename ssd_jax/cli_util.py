@@ -1,6 +1,7 @@
 """Shared plumbing of the command-line scripts: one clear line and a non-zero exit on bad input."""
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -74,6 +75,19 @@ def check_sampling(temperature: float, top_p: float = 1.0) -> None:
     fail(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
   if not 0 < top_p <= 1:
     fail(f"--top-p must be in (0, 1], got {top_p}")
+
+
+def k_value(text: str):
+  """argparse type of --k: 'auto' (chosen per batch, ssd_jax/decode/auto_k.py) or an integer >= 1."""
+  if text == "auto":
+    return text
+  try:
+    k = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+  if k < 1:
+    raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {k}")
+  return k
 
 
 def check_seed(seed: int) -> None:

@@ -17,13 +17,14 @@ from ..config import ModelConfig
 from ..kv_cache import KVCache
 
 
-def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512):
-  """Returns run() -> seconds of one forward of `tokens` tokens after `prefix` cached ones (warmed up)."""
+def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512, batch: int = 1):
+  """Returns run() -> seconds of one forward of `tokens` tokens a row for `batch` rows after `prefix` cached ones
+  (warmed up)."""
   if prefix < 0 or prefix + tokens > cache_len:
     raise ValueError(f"prefix {prefix} + tokens {tokens} must fit the cache of {cache_len}")
   fwd = jax.jit(model.forward_causal, static_argnames=("cfg",), donate_argnames=("cache",))
-  state = {"cache": KVCache.init(cfg, 1, cache_len).replace(lengths=jnp.asarray([prefix], jnp.int32))}
-  toks = jnp.ones((1, tokens), jnp.int32)
+  state = {"cache": KVCache.init(cfg, batch, cache_len).replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
+  toks = jnp.ones((batch, tokens), jnp.int32)
   exe = fwd.lower(params, toks, state["cache"], cfg=cfg).compile()
 
   def run() -> float:
@@ -56,9 +57,10 @@ def macs_per_token(cfg: ModelConfig) -> int:
   return cfg.n_layers * (attn + ffn) + head
 
 
-def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512):
-  """Returns run() -> seconds of one EAGLE draft step (one token reading its own last hidden state) after `prefix`
-  cached positions, warmed up: the draft's per-token cost when it drafts (ssd_jax/eagle.py)."""
+def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512, batch: int = 1):
+  """Returns run() -> seconds of one EAGLE draft step (one token a row reading its own last hidden state) for
+  `batch` rows after `prefix` cached positions, warmed up: the draft's per-token cost when it drafts
+  (ssd_jax/eagle.py)."""
   from .. import eagle
   from ..kernels import causal_mask_info
 
@@ -68,8 +70,8 @@ def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512):
     logits, h, cache = eagle.forward(params, tok, h, s, cache, s, causal_mask_info(s), cfg)
     return logits, h, cache
 
-  state = {"cache": KVCache.init(cfg, 1, cache_len).replace(lengths=jnp.asarray([prefix], jnp.int32))}
-  tok, h = jnp.ones((1, 1), jnp.int32), jnp.ones((1, 1, cfg.d_model), jnp.float32)
+  state = {"cache": KVCache.init(cfg, batch, cache_len).replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
+  tok, h = jnp.ones((batch, 1), jnp.int32), jnp.ones((batch, 1, cfg.d_model), jnp.float32)
   exe = step.lower(params, state["cache"], tok, h).compile()
 
   def run() -> float:

@@ -3,7 +3,7 @@
 No JAX here: scripts check their options before they choose the CPU's devices.
 
 DecodeOptions (every mode): how many tokens, how they are sampled, where a row stops.
-SpecOptions (SD, SSD): K drafts per round and SSD's tree shape (fan-out), backup, Saguaro sampling and placement.
+SpecOptions (SD, SSD): K drafts per round (or 'auto': chosen per batch, auto_k.py) and SSD's tree shape (fan-out), backup, Saguaro sampling and placement.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..fan_out import geometric_from, parse_fan_out
+from .auto_k import AUTO, K_MAX
 
 FAN_OUT_STRATEGIES = ("uniform", "geometric")
 BACKUPS = ("auto", "neural", "fast", "ngram")  # backup.py; 'auto': Theorem 17 from the run's measured statistics
@@ -65,7 +66,7 @@ class SpecOptions:
   down-weights the draft's top tokens (Saguaro sampling). placement: SSD's draft on its own JAX device of this process
   ('devices') or in a child process on its own CPU cores ('processes').
   """
-  k: int = 2
+  k: int | str = 2
   fan_out: tuple[int, ...] | int | str = 3
   fan_out_miss: tuple[int, ...] | int | str | None = None
   fan_out_strategy: str = "uniform"
@@ -74,26 +75,57 @@ class SpecOptions:
   placement: str = "devices"
 
   def __post_init__(self):
+    if self.k == AUTO:
+      # K is chosen per batch (auto_k.choose_k); fan-outs stay a single F until it is (with_k).
+      for name in ("fan_out", "fan_out_miss"):
+        f = getattr(self, name)
+        if f is not None and not isinstance(f, (int, np.integer)) and not (isinstance(f, str) and "," not in f):
+          raise ValueError(f"k='auto' takes a single {name.replace('_', '-')} F (per-length counts need a K)")
+      f = _counts(self.fan_out, 1, "a fan-out")[0]
+      f_miss = f if self.fan_out_miss is None else _counts(self.fan_out_miss, 1, "a fan-out after a miss")[0]
+      if f_miss != f:
+        raise ValueError(f"fan-out after a miss {f_miss} must have the same total as after a hit {f}")
+      self._check_rest()
+      object.__setattr__(self, "fan_out", f)
+      object.__setattr__(self, "fan_out_miss", f_miss)
+      object.__setattr__(self, "saguaro_c", float(self.saguaro_c))
+      return
     if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
-      raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {self.k!r}")
+      raise ValueError(f"K (draft tokens per round) must be an integer >= 1 or 'auto', got {self.k!r}")
     k = int(self.k)
     f = _counts(self.fan_out, k, "a fan-out")
     f_miss = f if self.fan_out_miss is None else _counts(self.fan_out_miss, k, "a fan-out after a miss")
     if sum(f_miss) != sum(f):
       raise ValueError(f"fan-out after a miss {f_miss} must have the same total as after a hit {f}")
+    if self.fan_out_strategy == "geometric" and len(set(f)) != 1:
+      raise ValueError("geometric fan-out takes a single fan-out F (the budget is F*(K+1))")
+    self._check_rest()
+    for name, value in (("k", k), ("fan_out", f), ("fan_out_miss", f_miss), ("saguaro_c", float(self.saguaro_c))):
+      object.__setattr__(self, name, value)
+
+  def _check_rest(self):
     if self.fan_out_strategy not in FAN_OUT_STRATEGIES:
       raise ValueError(f"unknown fan-out strategy {self.fan_out_strategy!r}; choose from "
                        f"{', '.join(FAN_OUT_STRATEGIES)}")
-    if self.fan_out_strategy == "geometric" and len(set(f)) != 1:
-      raise ValueError("geometric fan-out takes a single fan-out F (the budget is F*(K+1))")
     if self.backup not in BACKUPS:
       raise ValueError(f"unknown backup {self.backup!r}; choose from {', '.join(BACKUPS)}")
     if not 0 < self.saguaro_c <= 1:
       raise ValueError(f"Saguaro C must be in (0, 1], got {self.saguaro_c}")
     if self.placement not in PLACEMENTS:
       raise ValueError(f"unknown SSD placement {self.placement!r}; choose one of {', '.join(PLACEMENTS)}")
-    for name, value in (("k", k), ("fan_out", f), ("fan_out_miss", f_miss), ("saguaro_c", float(self.saguaro_c))):
-      object.__setattr__(self, name, value)
+
+  @property
+  def auto(self) -> bool:
+    """Whether K is still to be chosen per batch (k='auto')."""
+    return self.k == AUTO
+
+  def with_k(self, k: int) -> "SpecOptions":
+    """Returns these settings with K fixed to `k` (the choice for k='auto'; a single fan-out F spread over K+1)."""
+    if not self.auto:
+      raise ValueError(f"K is already fixed ({self.k})")
+    return SpecOptions(k=k, fan_out=self.fan_out, fan_out_miss=self.fan_out_miss,
+                       fan_out_strategy=self.fan_out_strategy, backup=self.backup, saguaro_c=self.saguaro_c,
+                       placement=self.placement)
 
   def fan_outs(self, calibration: dict | None, temperature: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Returns the tree's (fan-out after a hit, after a miss) for a run at `temperature`.
@@ -110,6 +142,8 @@ class SpecOptions:
   @property
   def widest(self) -> int:
     """Returns the most guesses any acceptance length can get (the budget itself under geometric fan-out)."""
+    if self.auto:
+      return max(self.fan_out, self.fan_out_miss) * (K_MAX + 1 if self.fan_out_strategy == "geometric" else 1)
     if self.fan_out_strategy == "geometric":
       return sum(self.fan_out)
     return max(max(self.fan_out), max(self.fan_out_miss))

@@ -1,0 +1,90 @@
+"""k='auto': K chosen per batch size from step costs and acceptance (ssd_jax/decode/auto_k.py), and the pipeline
+running what it chose (0: AR) with the same greedy tokens."""
+import argparse
+import os
+
+import pytest
+
+from ssd_jax import api
+from ssd_jax.cli_util import k_value
+from ssd_jax.decode import SpecOptions, auto_k
+
+
+def costs(verify_growth: float, draft: float = 0.05, batches=(1, 4)) -> auto_k.StepCosts:
+  """Costs where AR is 10 ms at every batch and a T-token verify costs 10 ms x (1 + verify_growth (T - 1))."""
+  return auto_k.StepCosts(ar_ms={b: 10.0 for b in batches},
+                          verify_ms={b: {t: 10.0 * (1 + verify_growth * (t - 1)) for t in range(2, 6)} for b in batches},
+                          draft_ms={b: 10.0 * draft for b in batches})
+
+
+def test_choose_k_follows_the_timing_model():
+  # A free verify and a cheap draft with high acceptance: the longest K pays most.
+  assert auto_k.choose_k(costs(0.0, 0.0), 1, 0.9) == auto_k.K_MAX
+  # Compute-bound verify (T tokens cost T steps): no K beats AR, at any acceptance below 1.
+  assert auto_k.choose_k(costs(1.0), 1, 0.8) == 0
+  # a = 0.5 with a verify that grows 10% a token: by hand, E(a, K) x 10 / (10 (1 + 0.1 K) + 0.5 K + 1.5) is
+  # 1.154, 1.207, 1.172, 1.107 for K = 1..4: the middle K.
+  assert auto_k.choose_k(costs(0.1, 0.05), 1, 0.5) == 2
+  # A gain inside the margin is not taken: AR is never slower than AR.
+  tiny_gain = auto_k.StepCosts({1: 10.0}, {1: {t: 10.0 for t in range(2, 6)}}, {1: 0.0})
+  assert 1 < auto_k.sd_speedup(tiny_gain, 1, 1, 0.18) < auto_k.MARGIN  # 1.18 x 10 / 11.5
+  assert auto_k.choose_k(tiny_gain, 1, 0.18, k_max=1) == 0
+
+
+def test_sd_speedup_is_tokens_over_time():
+  c = costs(0.2, 0.1)
+  a, k = 0.6, 2
+  round_ms = 10.0 * (1 + 0.2 * 2) + k * 1.0 + auto_k.ROUND_OVERHEAD * 10.0
+  assert auto_k.sd_speedup(c, 1, k, a) == pytest.approx((1 + a + a * a) * 10.0 / round_ms)
+
+
+def test_costs_between_and_past_measured_batches():
+  c = auto_k.StepCosts(ar_ms={1: 10.0, 4: 16.0}, verify_ms={1: {2: 11.0}, 4: {2: 20.0}}, draft_ms={1: 1.0, 4: 2.5})
+  ar, verify, draft = c.at(2)
+  assert ar == pytest.approx(12.0) and verify[2] == pytest.approx(14.0) and draft == pytest.approx(1.5)
+  ar, verify, draft = c.at(8)  # past the largest: scaled by rows
+  assert ar == pytest.approx(32.0) and verify[2] == pytest.approx(40.0) and draft == pytest.approx(5.0)
+  assert auto_k.StepCosts.from_json(c.to_json()) == c
+
+
+def test_builtin_choice_without_measurements():
+  assert [auto_k.choose_k(None, b, 0.5) for b in (1, 2, 3, 4, 5, 8, 16)] == [2, 2, 1, 1, 0, 0, 0]
+  with pytest.raises(ValueError, match="batch"):
+    auto_k.choose_k(None, 0, 0.5)
+
+
+def test_auto_spec_options():
+  s = SpecOptions(k="auto", fan_out=3, backup="fast")
+  assert s.auto and s.with_k(2) == SpecOptions(k=2, fan_out=3, backup="fast")
+  for bad, match in ((dict(k="auto", fan_out="3,2,1"), "single fan-out"), (dict(k="auto", fan_out_miss=4), "same total"),
+                     (dict(k="several"), "'auto'"), (dict(k=0), "'auto'")):
+    with pytest.raises(ValueError, match=match):
+      SpecOptions(**bad)
+  assert k_value("auto") == "auto" and k_value("3") == 3
+  for bad in ("0", "two"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      k_value(bad)
+
+
+def test_pipeline_runs_the_chosen_k_per_batch(tmp_path, monkeypatch):
+  """Without costs: SD at K=2 for one prompt, AR for a batch of 6 (built-in table); with costs that make K=1 pay at
+  batch 6, SD at K=1 there. Greedy tokens equal AR's in every case; a ragged last batch gets its own choice."""
+  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
+  pipe = api.load_tiny()
+  prompts = [pipe.encode_prompt(p) for p in ("Hi", "Say something.", "abc", "x", "The end", "Once upon")]
+  ar = [r.token_ids for r in pipe.generate_ids(prompts, mode="ar", max_new_tokens=8)]
+
+  def run(batch_size):
+    res = pipe.generate_ids(prompts, mode="sd", batch_size=batch_size, max_new_tokens=8)
+    assert [r.token_ids for r in res] == ar
+    return [(r.stats.mode, r.stats.extra.get("k")) for r in res]
+
+  assert run(1) == [("sd", 2)] * 6
+  assert run(6) == [("ar", None)] * 6
+  assert run(4) == [("sd", 1)] * 4 + [("sd", 2)] * 2  # 4 rows, then a ragged batch of 2
+  path = pipe.step_costs_path()
+  os.makedirs(os.path.dirname(path))
+  with open(path, "w") as f:
+    f.write(costs(0.05, 0.02, batches=(1, 8)).to_json())
+  assert pipe.choose_k(6) >= 1
+  assert run(6) == [("sd", pipe.choose_k(6))] * 6
