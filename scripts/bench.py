@@ -43,7 +43,7 @@ def parse_args(argv=None):
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--batch-size", type=int, default=1)
-  p.add_argument("--k", type=k_value, default="auto",
+  p.add_argument("--k", default="auto",
                  help="draft tokens per round (sd, ssd, hf-sd): an integer, or auto (default, as decode.py and the "
                       "API): chosen per batch from this machine's step costs (--calibrate), 0 meaning AR")
   p.add_argument("--calibrate", action="store_true",
@@ -153,6 +153,7 @@ def check_args(args) -> list[str]:
     if not ok:
       fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2, --batch-size >= 1, "
            f"--saguaro-c in (0, 1])")
+  args.k = k_value(args.k)
   check_sampling(args.temperature)
   check_seed(args.seed)
   if args.target_devices < 1 or args.draft_devices not in (0, 1):

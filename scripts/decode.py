@@ -36,7 +36,7 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--mode", default=None,
                  help="ar, sd or ssd (default: the fastest measured where it runs, ssd_jax.defaults: sd on a CPU "
                       "with the shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was measured)")
-  p.add_argument("--k", type=k_value, default="auto",
+  p.add_argument("--k", default="auto",
                  help="draft tokens per round (sd, ssd): an integer, or auto (the default) to choose per batch from "
                       "this machine's step costs (scripts/bench.py --calibrate measures them; without them K=2 at "
                       "batch 1-2, 1 at 3-4, and plain AR for larger batches)")
@@ -92,6 +92,7 @@ def check_args(args):
     fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
   if args.batch_size < 1:
     fail(f"--batch-size must be >= 1, got {args.batch_size}")
+  args.k = k_value(args.k)
   check_sampling(args.temperature, args.top_p)
   check_seed(args.seed)
   if not 0 < args.saguaro_c <= 1:

@@ -1,7 +1,6 @@
 """Shared plumbing of the command-line scripts: one clear line and a non-zero exit on bad input."""
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -77,16 +76,16 @@ def check_sampling(temperature: float, top_p: float = 1.0) -> None:
     fail(f"--top-p must be in (0, 1], got {top_p}")
 
 
-def k_value(text: str):
-  """argparse type of --k: 'auto' (chosen per batch, ssd_jax/decode/auto_k.py) or an integer >= 1."""
+def k_value(text) -> int | str:
+  """Returns --k as 'auto' (chosen per batch, ssd_jax/decode/auto_k.py) or an integer >= 1; fails in one line."""
   if text == "auto":
     return text
   try:
     k = int(text)
   except ValueError:
-    raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {text!r}") from None
+    k = 0
   if k < 1:
-    raise argparse.ArgumentTypeError(f"must be an integer >= 1 or 'auto', got {k}")
+    fail(f"--k must be an integer >= 1 or 'auto', got {text!r}")
   return k
 
 

@@ -1,12 +1,11 @@
 """k='auto': K chosen per batch size from step costs and acceptance (ssd_jax/decode/auto_k.py), and the pipeline
 running what it chose (0: AR) with the same greedy tokens."""
-import argparse
 import os
 
 import pytest
 
 from ssd_jax import api
-from ssd_jax.cli_util import k_value
+from ssd_jax.cli_util import UsageError, k_value
 from ssd_jax.decode import SpecOptions, auto_k
 
 
@@ -62,7 +61,7 @@ def test_auto_spec_options():
       SpecOptions(**bad)
   assert k_value("auto") == "auto" and k_value("3") == 3
   for bad in ("0", "two"):
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(UsageError, match="--k must be"):
       k_value(bad)
 
 

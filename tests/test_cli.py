@@ -19,8 +19,9 @@ def run(script, *args, timeout=600):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--prompts", "/nonexistent.jsonl"], "does not exist"),
     (["--temperature", "-1"], "--temperature"),
-    (["--mode", "ssd", "--fan-out", "1,2"], "K+1 = 3"),  # K is 2 by default
-    (["--k", "0"], "--k must be >= 1"),
+    (["--mode", "ssd", "--k", "2", "--fan-out", "1,2"], "K+1 = 3"),
+    (["--mode", "ssd", "--fan-out", "1,2"], "k='auto' takes a single fan-out F"),  # K is auto by default
+    (["--k", "0"], "--k must be an integer >= 1 or 'auto'"),
     (["--temperature", "nan"], "--temperature must be a finite number"),  # was decoded greedily
     (["--temperature", "inf"], "--temperature must be a finite number"),
     (["--top-p", "nan"], "--top-p must be in (0, 1]"),
