@@ -1,4 +1,5 @@
-"""Model import (GGUF, Hugging Face safetensors) and Orbax save/load.
+"""Our checkpoints (Orbax save/load), the SmolLM2 target, and loading a model by name or path (our format, GGUF or
+a Hugging Face directory: model_files.py reads those two).
 
 A checkpoint directory written by this project holds `config.json` (the ModelConfig), `params/` (an Orbax
 checkpoint of the params pytree) and, for models with text, `tokenizer.json`.
@@ -13,7 +14,8 @@ import sys
 import numpy as np
 
 from .config import ModelConfig
-from .families import CheckpointError, gguf_model_config, hf_model_config
+from .families import CheckpointError
+from .model_files import read_gguf, read_hf_safetensors
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
@@ -25,108 +27,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def _log(msg: str) -> None:
   print(f"[ssd-jax] {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------------------------------------- GGUF
-
-def unpermute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
-  """Undoes llama.cpp's q/k row permutation, giving the Hugging Face rotate-half layout ([out, in] weights)."""
-  out, d = w_out_in.shape
-  hd = out // n_heads
-  return w_out_in.reshape(n_heads, hd // 2, 2, d).swapaxes(1, 2).reshape(out, d)
-
-
-def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
-  """Applies llama.cpp's q/k row permutation (inverse of unpermute_qk); used to write test GGUF files."""
-  out, d = w_out_in.shape
-  hd = out // n_heads
-  return w_out_in.reshape(n_heads, 2, hd // 2, d).swapaxes(1, 2).reshape(out, d)
-
-
-def read_gguf(path: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32, metadata dict) for a Llama GGUF file."""
-  from gguf import GGUFReader
-  from gguf.quants import dequantize
-  from tqdm.auto import tqdm
-
-  try:
-    r = GGUFReader(path)
-  except Exception as e:  # the gguf reader raises a variety of errors on bad files
-    raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
-  meta = {}
-  for k, f in r.fields.items():
-    try:
-      meta[k] = f.contents()
-    except Exception:
-      pass
-  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
-  cfg = gguf_model_config(meta, shapes, path)  # refuses what we do not implement before dequantizing anything
-  n_heads, n_kv = cfg.n_heads, cfg.n_kv_heads
-  tensors = {}
-  for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor"):
-    tensors[t.name] = dequantize(t.data, t.tensor_type).reshape(shapes[t.name]).astype(np.float32)
-  L = cfg.n_layers
-  tr = lambda name: np.ascontiguousarray(tensors[name].T)
-  layers = [{
-      "attn_norm": tensors[f"blk.{i}.attn_norm.weight"],
-      "wq": np.ascontiguousarray(unpermute_qk(tensors[f"blk.{i}.attn_q.weight"], n_heads).T),
-      "wk": np.ascontiguousarray(unpermute_qk(tensors[f"blk.{i}.attn_k.weight"], n_kv).T),
-      "wv": tr(f"blk.{i}.attn_v.weight"), "wo": tr(f"blk.{i}.attn_output.weight"),
-      "mlp_norm": tensors[f"blk.{i}.ffn_norm.weight"],
-      "w_gate": tr(f"blk.{i}.ffn_gate.weight"), "w_up": tr(f"blk.{i}.ffn_up.weight"),
-      "w_down": tr(f"blk.{i}.ffn_down.weight"),
-  } for i in range(L)]
-  params = {"embed": tensors["token_embd.weight"], "layers": layers, "final_norm": tensors["output_norm.weight"]}
-  if not cfg.tie_embeddings:
-    params["lm_head"] = tr("output.weight")
-  return cfg, params, meta
-
-
-# ------------------------------------------------------------------------------------------- Hugging Face safetensors
-
-def read_hf_safetensors(directory: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32) from a Hugging Face Llama/Qwen2-style safetensors directory."""
-  from safetensors.numpy import load_file
-  from tqdm.auto import tqdm
-
-  cfg_path = os.path.join(directory, "config.json")
-  if not os.path.exists(cfg_path):
-    raise CheckpointError(f"{directory} has no config.json; expected a Hugging Face model directory")
-  with open(cfg_path) as f:
-    hf = json.load(f)
-  files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-  if not files:
-    raise CheckpointError(f"{directory} has no *.safetensors files")
-  t = {}
-  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
-    try:
-      t.update(load_file(fn))
-    except Exception as e:
-      raise CheckpointError(f"cannot read {fn}: {e}") from e
-  t = {k.removeprefix("model."): v for k, v in t.items()}
-  cfg = hf_model_config(hf, set(t), os.path.basename(os.path.normpath(directory)), directory)
-  if cfg.tie_embeddings and "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["embed_tokens.weight"]):
-    raise CheckpointError(f"{directory}: tie_word_embeddings is true but lm_head.weight differs from the embedding; "
-                          f"refusing to guess which head the model means")
-  attn_bias = cfg.attn_bias
-  f32 = lambda k: np.asarray(t[k], dtype=np.float32)
-  tr = lambda k: np.ascontiguousarray(f32(k).T)
-  layers = []
-  for i in range(cfg.n_layers):
-    pre = f"layers.{i}."
-    lp = {"attn_norm": f32(pre + "input_layernorm.weight"), "mlp_norm": f32(pre + "post_attention_layernorm.weight"),
-          "wq": tr(pre + "self_attn.q_proj.weight"), "wk": tr(pre + "self_attn.k_proj.weight"),
-          "wv": tr(pre + "self_attn.v_proj.weight"), "wo": tr(pre + "self_attn.o_proj.weight"),
-          "w_gate": tr(pre + "mlp.gate_proj.weight"), "w_up": tr(pre + "mlp.up_proj.weight"),
-          "w_down": tr(pre + "mlp.down_proj.weight")}
-    if attn_bias:
-      lp.update(bq=f32(pre + "self_attn.q_proj.bias"), bk=f32(pre + "self_attn.k_proj.bias"),
-                bv=f32(pre + "self_attn.v_proj.bias"))
-    layers.append(lp)
-  params = {"embed": f32("embed_tokens.weight"), "layers": layers, "final_norm": f32("norm.weight")}
-  if not cfg.tie_embeddings:
-    params["lm_head"] = tr("lm_head.weight")
-  return cfg, params
 
 
 # ------------------------------------------------------------------------------------------------------------ Orbax

@@ -33,7 +33,7 @@ import numpy as np
 
 from .kernels import MaskInfo, attention
 from .kv_cache import KVCache
-from .model import apply_rope, dense, rms_norm
+from .model import apply_rope, dense, rms_norm, rope_inv_freq
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,8 +197,9 @@ def layer_inputs(params: dict, tokens: jax.Array, h_prev: jax.Array, positions: 
   lp = params["layer"]
   e = rms_norm(params["embed"][tokens], lp["norm_e"], cfg.rms_eps)
   a = jnp.concatenate([e, rms_norm(h_prev, lp["norm_h"], cfg.rms_eps)], axis=-1)
-  q = apply_rope(dense(a, lp["wq"]).reshape(b, t, cfg.n_heads, cfg.head_dim), positions, cfg.rope_theta)
-  k = apply_rope(dense(a, lp["wk"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
+  inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
+  q = apply_rope(dense(a, lp["wq"]).reshape(b, t, cfg.n_heads, cfg.head_dim), positions, inv_freq)
+  k = apply_rope(dense(a, lp["wk"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, inv_freq)
   v = dense(a, lp["wv"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
   return q, k, v
 
