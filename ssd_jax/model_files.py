@@ -104,23 +104,28 @@ def safetensors_files(directory: str) -> list[str]:
   return [single] if os.path.exists(single) else sorted(glob.glob(os.path.join(directory, "*.safetensors")))
 
 
+def _safetensors_header(path: str) -> tuple[dict, int]:
+  """Returns (the header of a safetensors file without its __metadata__, the offset where its data starts)."""
+  try:
+    with open(path, "rb") as f:
+      n = int.from_bytes(f.read(8), "little")
+      header = json.loads(f.read(n))
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+  header.pop("__metadata__", None)
+  return header, 8 + n
+
+
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
   """Returns the tensors of one safetensors file as float32 numpy arrays (float32/16, bfloat16 or float64 on disk).
 
   Parsed here rather than by safetensors.numpy, which cannot give bfloat16 (numpy has no such dtype)."""
   import ml_dtypes
 
-  try:
-    with open(path, "rb") as f:
-      n = int.from_bytes(f.read(8), "little")
-      header = json.loads(f.read(n))
-    data = np.memmap(path, np.uint8, "r", offset=8 + n) if os.path.getsize(path) > 8 + n else np.zeros(0, np.uint8)
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+  header, start = _safetensors_header(path)
+  data = np.memmap(path, np.uint8, "r", offset=start) if os.path.getsize(path) > start else np.zeros(0, np.uint8)
   out = {}
   for name, info in header.items():
-    if name == "__metadata__":
-      continue
     dt = _ST_DTYPES.get(info.get("dtype"))
     if dt is None:
       raise CheckpointError(f"{path}: tensor {name} has dtype {info.get('dtype')} (only float32/16, bfloat16 load)")
@@ -145,14 +150,15 @@ def read_hf_safetensors(directory: str, progress: bool = True):
   files = safetensors_files(directory)
   if not files:
     raise CheckpointError(f"{directory} has no *.safetensors files")
-  t = {}
-  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
-    t.update(read_safetensors(fn))
-  t = {k.removeprefix("model."): v for k, v in t.items()}
+  # The config and the tensor names (from the headers) are checked before any weight is read: a refusal is instant.
+  names = {k.removeprefix("model.") for fn in files for k in _safetensors_header(fn)[0]}
   try:
-    cfg = hf_model_config(hf, set(t), os.path.basename(os.path.normpath(directory)), directory)
+    cfg = hf_model_config(hf, names, os.path.basename(os.path.normpath(directory)), directory)
   except (KeyError, TypeError) as e:
     raise CheckpointError(f"{cfg_path} lacks or garbles a field the model needs ({e})") from e
+  t = {}
+  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
+    t.update({k.removeprefix("model."): v for k, v in read_safetensors(fn).items()})
   if cfg.tie_embeddings and "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["embed_tokens.weight"]):
     raise CheckpointError(f"{directory}: tie_word_embeddings is true but lm_head.weight differs from the embedding; "
                           f"refusing to guess which head the model means")

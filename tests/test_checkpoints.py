@@ -240,3 +240,18 @@ def test_new_config_fields_survive_orbax(tmp_path):
   assert lcfg == cfg and hash(lcfg) == hash(cfg)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(lparams)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_refusal_comes_before_reading_any_weight(tmp_path):
+  """A 140 GB checkpoint we would refuse is refused from config.json and the headers alone: here its data is cut
+  off, and the refusal, not the truncation, is what is reported."""
+  cfg = tiny_config()
+  path = write_hf_dir(tmp_path, cfg, _params(cfg), rope_scaling={"rope_type": "yarn", "factor": 4.0})
+  st = tmp_path / "model.safetensors"
+  st.write_bytes(st.read_bytes()[:-1000])
+  with pytest.raises(checkpoints.CheckpointError, match="'yarn'"):
+    checkpoints.read_hf_safetensors(path, progress=False)
+  write_hf_dir(tmp_path, cfg, _params(cfg))
+  st.write_bytes(st.read_bytes()[:-1000])
+  with pytest.raises(checkpoints.CheckpointError, match="truncated or corrupt"):
+    checkpoints.read_hf_safetensors(path, progress=False)
