@@ -56,6 +56,10 @@ FAMILIES = {
     "qwen3": ({**_QWEN_KEYS, **_TINY, "model_type": "qwen3", "head_dim": 16, "attention_bias": False,
                "sliding_window": None, "max_window_layers": 2, "max_position_embeddings": 40960,
                "tie_word_embeddings": True, "architectures": ["Qwen3ForCausalLM"]}, "bfloat16", "20KB"),
+    # Mistral's keys (v0.1's window of 4096, Nemo's head_dim 16 != 32 / 4): a Llama whose context the window caps.
+    "mistral": ({**_LLAMA_KEYS, **_TINY, "model_type": "mistral", "architectures": ["MistralForCausalLM"],
+                 "sliding_window": 4096, "head_dim": 16, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+                 "tie_word_embeddings": False}, "bfloat16", None),
 }
 # Real sizes for rope.npz: (name, head_dim, theta, llama3 factor or None).
 ROPE_CASES = [("llama3_1_8b", 128, 500000.0, 8.0), ("llama3_2_1b", 64, 500000.0, 32.0),

@@ -1,7 +1,7 @@
 """The paper's families against transformers' own numbers (issue 41, item 4), without torch at test time.
 
 tests/fixtures/families/ is written by scripts/make_family_fixtures.py (which can also check that it reproduces
-them): tiny random Llama-3.1-, Llama-3.2-, Qwen2- and Qwen3-style models as Hugging Face directories, transformers'
+them): tiny random Llama-3.1-, Llama-3.2-, Qwen2-, Qwen3- and Mistral-style models as Hugging Face directories, transformers'
 float32 logits and greedy continuations for them, and its RoPE numbers at real sizes.
 """
 import os
@@ -20,11 +20,11 @@ from ssd_jax.kv_cache import KVCache
 from model_writers import write_gguf
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "families")
-FAMILIES = ["llama3_1", "llama3_2", "qwen2", "qwen3"]
+FAMILIES = ["llama3_1", "llama3_2", "qwen2", "qwen3", "mistral"]
 # float32 logits of the same weights through two implementations (different summation orders, sin/cos, and RoPE
 # frequencies that differ from torch's pow in their last bits): observed up to 2.5e-6 (logits of size ~2-4).
 ATOL = 2e-5
-ARCH = {"llama3_1": "llama", "llama3_2": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCH = {"llama3_1": "llama", "llama3_2": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
 
 
 def _reference(family):
@@ -93,6 +93,8 @@ def test_fixture_configs_are_the_families_they_claim():
   assert cfgs["qwen2"].attn_bias and cfgs["qwen2"].n_kv_heads == 1
   q3 = cfgs["qwen3"]
   assert q3.qk_norm and q3.head_dim * q3.n_heads != q3.d_model and q3.n_kv_heads < q3.n_heads
+  m = cfgs["mistral"]  # its window of 4096 caps the context we serve (full attention is exact up to there)
+  assert m.max_seq_len == 4096 and m.head_dim * m.n_heads != m.d_model and m.rope_scaling is None
 
 
 ROPE_CASES = ["llama3_1_8b", "llama3_2_1b", "head128_factor32", "qwen3"]
