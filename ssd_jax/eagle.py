@@ -33,7 +33,7 @@ import numpy as np
 
 from .kernels import MaskInfo, attention
 from .kv_cache import KVCache
-from .model import apply_rope, dense, rms_norm
+from .model import apply_rope, dense, rms_norm, rope_inv_freq
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ def init_params(key: jax.Array, cfg: EagleConfig, target_params: dict, head_ids:
                 scale: float = 0.02) -> dict:
   """Returns fresh EAGLE params (target parts attached): random fc and layer, the final norm started at the target's.
 
-  The head is the target's own LM head (its tied embedding) restricted to `head_ids`, and stays frozen: the layer
+  The head is the target's own LM head (tied or not) restricted to `head_ids`, and stays frozen: the layer
   learns to land where the target's last residual stream would, which the target's head then reads. Frozen and
   derived from the target, it is never saved with the draft (a checkpoint holds fc, the layer and two tables).
   """
@@ -158,10 +158,12 @@ TABLES = ("head_ids", "vocab_map")  # integer token-id tables: data, not weights
 
 
 def attach_target(params: dict, target_params: dict) -> dict:
-  """Returns draft params with the target's parts attached: its token embedding [V, d] and, from it, the draft's
-  head [V_out, d] (the rows of `head_ids`)."""
-  embed = target_params["embed"]
-  return dict(params, embed=embed, head=jnp.take(embed, jnp.asarray(params["head_ids"]), axis=0))
+  """Returns draft params with the target's parts attached: its token embedding [V, d] and the draft's head
+  [V_out, d], the `head_ids` rows of the target's LM head (its embedding when tied, its lm_head [d, V] when not:
+  Llama-3.1-70B and Qwen3-32B are untied)."""
+  embed, ids = target_params["embed"], jnp.asarray(params["head_ids"])
+  head = jnp.take(target_params["lm_head"], ids, axis=1).T if "lm_head" in target_params else jnp.take(embed, ids, 0)
+  return dict(params, embed=embed, head=head)
 
 
 def detach_target(params: dict) -> dict:
@@ -197,8 +199,9 @@ def layer_inputs(params: dict, tokens: jax.Array, h_prev: jax.Array, positions: 
   lp = params["layer"]
   e = rms_norm(params["embed"][tokens], lp["norm_e"], cfg.rms_eps)
   a = jnp.concatenate([e, rms_norm(h_prev, lp["norm_h"], cfg.rms_eps)], axis=-1)
-  q = apply_rope(dense(a, lp["wq"]).reshape(b, t, cfg.n_heads, cfg.head_dim), positions, cfg.rope_theta)
-  k = apply_rope(dense(a, lp["wk"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
+  inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
+  q = apply_rope(dense(a, lp["wq"]).reshape(b, t, cfg.n_heads, cfg.head_dim), positions, inv_freq)
+  k = apply_rope(dense(a, lp["wk"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, inv_freq)
   v = dense(a, lp["wv"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
   return q, k, v
 

@@ -4,7 +4,8 @@ One code path serves the target and the draft. Params are a dict pytree (functio
 
   embed       [V, d]            token embeddings (also the LM head when tied); [V_out, d] with a reduced vocabulary
   layers      a list of L dicts: attn_norm [d], wq [d,H*D], wk/wv [d,G*D], wo [H*D,d],
-                                (bq [H*D], bk/bv [G*D] with attention biases), mlp_norm [d],
+                                (bq [H*D], bk/bv [G*D] with attention biases), (q_norm/k_norm [D] with
+                                per-head q/k norms), mlp_norm [d],
                                 w_gate/w_up [d,F], w_down [F,d]
               (a list, not arrays stacked over L: on XLA:CPU a scan over stacked weights measured 25-50% slower
               per step than the unrolled loop, and slicing a stacked array inside jit copies it)
@@ -17,12 +18,13 @@ Shapes use: B batch, T new tokens, S cache slots, H query heads, G kv heads, D h
 """
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, RopeScaling
 from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
 from .kv_cache import KVCache
 
@@ -60,11 +62,47 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
   return (y * w).astype(x.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Returns x [B, T, N, D] rotated by RoPE at integer `positions` [B, T] (Hugging Face rotate-half layout)."""
+@functools.lru_cache(maxsize=64)
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
+  """Returns RoPE's inverse frequencies [D/2] (float32, read-only), computed once per config on the host.
+
+  The base is float32 numpy, as before model families: SmolLM2 keeps its numbers bit for bit (transformers' torch
+  pow differs from numpy's in the last bits of some frequencies; logits stay within float32 tolerance).
+  """
+  inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  inv = scale_inv_freq(inv, scaling) if scaling is not None else inv
+  inv.setflags(write=False)  # shared by the cache
+  return inv
+
+
+def scale_inv_freq(inv: np.ndarray, scaling: RopeScaling) -> np.ndarray:
+  """Returns the inverse frequencies [D/2] float32 after `scaling`, repeating transformers' float32 operations in
+  their order: given its base frequencies, the result is its own bit for bit."""
+  inv = np.asarray(inv, np.float32)
+  if scaling.kind == "linear":
+    return inv / np.float32(scaling.factor)
+  if scaling.kind == "divisors":
+    return inv / np.asarray(scaling.divisors, np.float32)
+  f, lo, hi, orig = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_position
+  wavelen = 2 * np.pi / inv
+  scaled = np.where(wavelen > orig / lo, inv / np.float32(f), inv)  # long waves: frequency / factor
+  smooth = (orig / wavelen - lo) / (hi - lo)
+  smoothed = (1 - smooth) * scaled / np.float32(f) + smooth * scaled  # between the bands: interpolated
+  medium = ~(wavelen < orig / hi) & ~(wavelen > orig / lo)
+  return np.asarray(np.where(medium, smoothed, scaled), np.float32)
+
+
+def rope_angles(positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Returns RoPE's angles [B, T, D/2]: float32 positions times inverse frequencies, one float32 product each, as
+  transformers computes them (no error grows with the position beyond that product's rounding)."""
+  return positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Returns x [B, T, N, D] rotated by RoPE at integer `positions` [B, T] (Hugging Face rotate-half layout), with
+  inverse frequencies `inv_freq` [D/2] (rope_inv_freq)."""
   d = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
-  ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  ang = rope_angles(positions, inv_freq)
   cos = jnp.cos(ang)[:, :, None, :]
   sin = jnp.sin(ang)[:, :, None, :]
   x1, x2 = x[..., : d // 2].astype(jnp.float32), x[..., d // 2:].astype(jnp.float32)
@@ -84,6 +122,8 @@ def init_params(key: jax.Array, cfg: ModelConfig, dtype=jnp.float32, scale: floa
           "w_gate": n(ks[4], (d, F)), "w_up": n(ks[5], (d, F)), "w_down": n(ks[6], (F, d))}
     if cfg.attn_bias:
       lp.update(bq=n(ks[7], (H * D,)), bk=n(ks[8], (G * D,)), bv=n(ks[9], (G * D,)))
+    if cfg.qk_norm:
+      lp.update(q_norm=jnp.ones((D,), dtype), k_norm=jnp.ones((D,), dtype))
     layers.append(lp)
   params = {"embed": n(k_embed, (cfg.embed_rows, d), 1.0), "layers": layers, "final_norm": jnp.ones((d,), dtype)}
   if not cfg.tie_embeddings:
@@ -116,8 +156,11 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
   q, k, v = dense(h, lp["wq"]), dense(h, lp["wk"]), dense(h, lp["wv"])
   if cfg.attn_bias:
     q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
-  q = apply_rope(q.reshape(b, t, H, D), positions, cfg.rope_theta)
-  k = apply_rope(k.reshape(b, t, G, D), positions, cfg.rope_theta)
+  q, k = q.reshape(b, t, H, D), k.reshape(b, t, G, D)
+  if cfg.qk_norm:  # Qwen3: each head's q and k normalised over head_dim, before RoPE
+    q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps), rms_norm(k, lp["k_norm"], cfg.rms_eps)
+  inv_freq = rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling)
+  q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
   rows = jnp.arange(b)[:, None]
   # Out-of-range slots (padding) are dropped rather than clamped onto real entries.
   k_cache = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")

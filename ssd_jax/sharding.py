@@ -49,6 +49,8 @@ def param_axes(cfg: ModelConfig) -> dict:
            "w_down": (MLP, EMBED)}
   if cfg.attn_bias:
     layer.update(bq=(Q_HEADS,), bk=(KV_HEADS,), bv=(KV_HEADS,))
+  if cfg.qk_norm:  # one weight shared by every head: replicated
+    layer.update(q_norm=(HEAD_DIM,), k_norm=(HEAD_DIM,))
   axes = {"embed": (VOCAB, EMBED), "layers": [dict(layer) for _ in range(cfg.n_layers)], "final_norm": (EMBED,)}
   if not cfg.tie_embeddings:
     axes["lm_head"] = (EMBED, OUT_VOCAB)

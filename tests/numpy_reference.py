@@ -6,10 +6,34 @@ def _rms(x, w, eps):
   return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def _rope(x, pos, theta):
+def _inv_freq(cfg):
+  """RoPE inverse frequencies in float64, with the scaling rules as docs/model_families.md states them."""
+  d = cfg.head_dim
+  inv = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
+  s = cfg.rope_scaling
+  if s is None:
+    return inv
+  if s.kind == "linear":
+    return inv / s.factor
+  if s.kind == "divisors":
+    return inv / np.asarray(s.divisors)
+  wavelength = 2 * np.pi / inv
+  low, high = s.original_max_position / s.low_freq_factor, s.original_max_position / s.high_freq_factor
+  out = np.empty_like(inv)
+  for i, (f, w) in enumerate(zip(inv, wavelength)):
+    if w > low:
+      out[i] = f / s.factor
+    elif w < high:
+      out[i] = f
+    else:
+      a = (s.original_max_position / w - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+      out[i] = (1 - a) * f / s.factor + a * f
+  return out
+
+
+def _rope(x, pos, inv):
   # x [T, N, D], rotate-half convention
   d = x.shape[-1]
-  inv = 1.0 / theta ** (np.arange(0, d, 2) / d)
   ang = pos[:, None] * inv[None, :]
   cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
   x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -31,8 +55,10 @@ def forward(params, tokens, cfg):
     q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
     if cfg.attn_bias:
       q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
-    q = _rope(q.reshape(t, H, D), pos, cfg.rope_theta)
-    k = _rope(k.reshape(t, G, D), pos, cfg.rope_theta)
+    q, k = q.reshape(t, H, D), k.reshape(t, G, D)
+    if cfg.qk_norm:
+      q, k = _rms(q, lp["q_norm"], cfg.rms_eps), _rms(k, lp["k_norm"], cfg.rms_eps)
+    q, k = _rope(q, pos, _inv_freq(cfg)), _rope(k, pos, _inv_freq(cfg))
     v = v.reshape(t, G, D)
     out = np.zeros((t, H, D))
     for hh in range(H):

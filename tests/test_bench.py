@@ -204,6 +204,14 @@ def test_plots_from_a_sweep(tmp_path):
   assert all(os.path.getsize(p) > 1000 for p in paths)
 
 
+@pytest.mark.parametrize("field", [dict(qk_norm=True), dict(attn_bias=True)])
+def test_hf_export_refuses_what_a_plain_llama_config_cannot_say(field):
+  from ssd_jax.bench import hf_export
+  from ssd_jax.config import tiny_config
+  with pytest.raises(ValueError, match="cannot export"):
+    hf_export.hf_config(tiny_config(**field), tied=True)
+
+
 def test_hf_export_of_a_reduced_vocabulary_draft(tmp_path):
   """The exported draft gives our logits on its own tokens and never prefers another token under greedy argmax."""
   from ssd_jax import api, checkpoints, model

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ssd_jax import checkpoints, eagle, model
-from ssd_jax.config import tiny_config
+from ssd_jax.config import RopeScaling, tiny_config
 from ssd_jax.kernels import causal_mask_info
 from ssd_jax.kv_cache import KVCache
 from ssd_jax.training import eagle_data, eagle_train, features
@@ -109,6 +109,25 @@ def test_eagle_checkpoint_round_trip_without_the_target_parts(tmp_path):
   np.testing.assert_allclose(np.asarray(back["fc"]), np.asarray(dparams["fc"]), rtol=1e-2, atol=1e-3)  # bfloat16
   with open(tmp_path / "d" / "extra.json") as f:
     assert json.load(f)["note"] == "test"
+
+
+@pytest.mark.parametrize("over", [dict(qk_norm=True, head_dim=16, tie_embeddings=False),
+                                  dict(rope_scaling=RopeScaling("llama3", 8.0, original_max_position=64))])
+def test_eagle_reads_the_new_families(over):
+  """A Qwen3-shaped (untied, q/k norms, head_dim != d/H) or Llama 3-scaled target: the draft's head is the target's
+  own LM head (lm_head when untied, not the embedding), and the draft runs on the target's features."""
+  tcfg = tiny_config(vocab_size=64, n_layers=4, **over)
+  tparams = model.init_params(jax.random.key(0), tcfg, scale=0.3)
+  dcfg, dparams = _draft(tcfg, tparams)
+  want_head = tparams["embed"] if tcfg.tie_embeddings else tparams["lm_head"].T
+  np.testing.assert_array_equal(np.asarray(dparams["head"]), np.asarray(want_head))
+  toks = jnp.asarray(np.random.default_rng(0).integers(3, 64, (1, 7)), jnp.int32)
+  _, _, feats = model.forward_causal(tparams, toks, KVCache.init(tcfg, 1, 16), tcfg,
+                                     feature_layers=dcfg.feature_layers)
+  slots = jnp.arange(7)[None]
+  logits, _, _ = eagle.forward(dparams, toks, eagle.fuse(dparams, feats), slots, KVCache.init(dcfg, 1, 16), slots,
+                               causal_mask_info(slots), dcfg, attn_impl="ref")
+  assert logits.shape == (1, 7, 64) and np.isfinite(np.asarray(logits)).all()
 
 
 def _write_corpus(root, tcfg, tparams, rng, shards=2, examples=12):

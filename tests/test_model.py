@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.config import RopeScaling, tiny_config
 from ssd_jax.kv_cache import KVCache
 
 import numpy_reference
@@ -15,8 +15,11 @@ def _params(cfg, seed=0):
   p = model.init_params(jax.random.key(seed), cfg, scale=0.2)
   # Non-trivial norms so a norm-weight bug shows up.
   p["final_norm"] = p["final_norm"] * 1.3
-  for lp in p["layers"]:
+  for i, lp in enumerate(p["layers"]):
     lp["attn_norm"] = lp["attn_norm"] * 0.7
+    if cfg.qk_norm:
+      lp["q_norm"] = 1 + 0.3 * jax.random.normal(jax.random.key(100 + i), lp["q_norm"].shape)
+      lp["k_norm"] = 1 - 0.3 * jax.random.normal(jax.random.key(200 + i), lp["k_norm"].shape)
   return p
 
 
@@ -25,6 +28,12 @@ def _params(cfg, seed=0):
     {"tie_embeddings": False, "n_kv_heads": 1},
     {"attn_bias": True, "n_kv_heads": 4},
     {"head_vocab": 40, "vocab_size": 64},
+    # Qwen3: per-head q/k norms, head_dim (16) not d_model / heads (8)
+    {"qk_norm": True, "head_dim": 16, "tie_embeddings": False},
+    # Llama 3: an original context of 64 puts head_dim 8's four wavelengths (6.3 .. 6283) in all three bands
+    {"rope_scaling": RopeScaling("llama3", factor=8.0, original_max_position=64)},
+    {"rope_scaling": RopeScaling("linear", factor=4.0)},
+    {"rope_scaling": RopeScaling("divisors", divisors=(1.0, 2.0, 5.0, 40.0))},
 ])
 def test_forward_matches_numpy_reference(overrides):
   cfg = tiny_config(**overrides)

@@ -36,7 +36,8 @@ def _assert_placed(tree, specs, devices):
 
 
 def test_every_param_has_logical_axes():
-  for cfg in (tiny_config(), tiny_config(attn_bias=True, tie_embeddings=False), tiny_config(head_vocab=32)):
+  for cfg in (tiny_config(), tiny_config(attn_bias=True, tie_embeddings=False), tiny_config(head_vocab=32),
+              tiny_config(qk_norm=True, head_dim=16)):
     shapes = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
     axes = param_axes(cfg)
     assert jax.tree.structure(shapes) == jax.tree.structure(axes, is_leaf=lambda a: isinstance(a, tuple))

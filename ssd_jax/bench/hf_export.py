@@ -50,14 +50,21 @@ def expanded_vocab(params: dict, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarr
 
 
 def hf_config(cfg: ModelConfig, tied: bool, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-  """Returns the Hugging Face LlamaConfig dict of `cfg` (rope_theta in both the 4.x and the 5.x spelling)."""
+  """Returns the Hugging Face LlamaConfig dict of `cfg` (rope_theta in both the 4.x and the 5.x spelling).
+
+  Raises ValueError for what this plain LlamaConfig would not say (its peer would compute another model): RoPE
+  scaling, q/k norms, and q/k/v biases (Llama's attention_bias would bias o_proj too)."""
+  unsaid = [f for f, on in (("rope_scaling", cfg.rope_scaling is not None), ("qk_norm", cfg.qk_norm),
+                            ("attn_bias", cfg.attn_bias)) if on]
+  if unsaid:
+    raise ValueError(f"cannot export {cfg.name!r} as a plain Llama: {', '.join(unsaid)} not written by this exporter")
   return {
       "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
       "hidden_size": cfg.d_model, "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
       "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
       "hidden_act": "silu", "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.rms_eps,
       "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-      "tie_word_embeddings": tied, "attention_bias": cfg.attn_bias, "mlp_bias": False, "bos_token_id": bos_id,
+      "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False, "bos_token_id": bos_id,
       "eos_token_id": eos_id, "pad_token_id": eos_id, "torch_dtype": "float32", "dtype": "float32",
   }
 

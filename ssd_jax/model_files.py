@@ -1,0 +1,187 @@
+"""Reading other projects' model files: llama.cpp GGUF files and Hugging Face safetensors directories.
+
+Both give numpy float32 params in our layout (model.py: [in, out] matrices, rotate-half RoPE). What their configs
+mean, and what we refuse to compute, is families.py's.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from .families import CheckpointError, gguf_model_config, hf_model_config
+
+# Safetensors dtypes we widen to float32; anything else (integer or 8-bit quantized weights) is refused.
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16"}
+
+
+# ----------------------------------------------------------------------------------------------------------- GGUF
+
+def unpermute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
+  """Undoes llama.cpp's q/k row permutation, giving the Hugging Face rotate-half layout ([out, in] weights)."""
+  out, d = w_out_in.shape
+  hd = out // n_heads
+  return w_out_in.reshape(n_heads, hd // 2, 2, d).swapaxes(1, 2).reshape(out, d)
+
+
+def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
+  """Applies llama.cpp's q/k row permutation (inverse of unpermute_qk); used to write test GGUF files."""
+  out, d = w_out_in.shape
+  hd = out // n_heads
+  return w_out_in.reshape(n_heads, 2, hd // 2, d).swapaxes(1, 2).reshape(out, d)
+
+
+def read_gguf(path: str, progress: bool = True):
+  """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3)."""
+  from gguf import GGUFReader
+  from gguf.quants import dequantize
+  from tqdm.auto import tqdm
+
+  try:
+    r = GGUFReader(path)
+  except Exception as e:  # the gguf reader raises a variety of errors on bad files
+    raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
+  meta = {}
+  for k, f in r.fields.items():
+    try:
+      meta[k] = f.contents()
+    except Exception:
+      pass
+  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
+  deq = lambda t: dequantize(t.data, t.tensor_type).reshape(shapes[t.name]).astype(np.float32)  # noqa: E731
+  rope_freqs = next((deq(t) for t in r.tensors if t.name == "rope_freqs.weight"), None)
+  try:  # refuses what we do not compute before dequantizing
+    cfg = gguf_model_config(meta, shapes, path, rope_freqs)
+  except (KeyError, TypeError) as e:
+    raise CheckpointError(f"{path}: GGUF metadata lacks or garbles a field the model needs ({e})") from e
+  tensors = {t.name: deq(t) for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor")}
+  return cfg, _gguf_params(tensors, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
+
+
+def _gguf_params(tensors: dict, cfg, permuted_qk: bool) -> dict:
+  """Returns our params from llama.cpp's tensors ([out, in] in numpy order). Only the `llama` converter permutes q/k
+  rows (for its interleaved RoPE); Qwen GGUFs keep Hugging Face's order."""
+  tr = lambda name: np.ascontiguousarray(tensors[name].T)  # noqa: E731
+  qk = lambda name, heads: np.ascontiguousarray(  # noqa: E731
+      (unpermute_qk(tensors[name], heads) if permuted_qk else tensors[name]).T)
+  layers = []
+  for i in range(cfg.n_layers):
+    b = f"blk.{i}."
+    lp = {"attn_norm": tensors[b + "attn_norm.weight"], "wq": qk(b + "attn_q.weight", cfg.n_heads),
+          "wk": qk(b + "attn_k.weight", cfg.n_kv_heads), "wv": tr(b + "attn_v.weight"),
+          "wo": tr(b + "attn_output.weight"), "mlp_norm": tensors[b + "ffn_norm.weight"],
+          "w_gate": tr(b + "ffn_gate.weight"), "w_up": tr(b + "ffn_up.weight"), "w_down": tr(b + "ffn_down.weight")}
+    if cfg.attn_bias:
+      lp.update(bq=tensors[b + "attn_q.bias"], bk=tensors[b + "attn_k.bias"], bv=tensors[b + "attn_v.bias"])
+    if cfg.qk_norm:
+      lp.update(q_norm=tensors[b + "attn_q_norm.weight"], k_norm=tensors[b + "attn_k_norm.weight"])
+    layers.append(lp)
+  params = {"embed": tensors["token_embd.weight"], "layers": layers, "final_norm": tensors["output_norm.weight"]}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = tr("output.weight")
+  return params
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face safetensors
+
+def safetensors_files(directory: str) -> list[str]:
+  """Returns the safetensors files of a Hugging Face directory: those its index names when it is sharded, else
+  model.safetensors. Other *.safetensors beside them (Mistral's consolidated.safetensors) are another format."""
+  index = os.path.join(directory, "model.safetensors.index.json")
+  if os.path.exists(index):
+    try:
+      with open(index) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+      raise CheckpointError(f"cannot read {index}: {type(e).__name__}: {e}") from e
+    missing = [s for s in shards if not os.path.exists(os.path.join(directory, s))]
+    if missing:
+      raise CheckpointError(f"{directory}: shard {missing[0]} named by model.safetensors.index.json is missing")
+    return [os.path.join(directory, s) for s in shards]
+  single = os.path.join(directory, "model.safetensors")
+  return [single] if os.path.exists(single) else sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+
+
+def _safetensors_header(path: str) -> tuple[dict, int]:
+  """Returns (the header of a safetensors file without its __metadata__, the offset where its data starts)."""
+  try:
+    with open(path, "rb") as f:
+      n = int.from_bytes(f.read(8), "little")
+      header = json.loads(f.read(n))
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+  header.pop("__metadata__", None)
+  return header, 8 + n
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """Returns the tensors of one safetensors file as float32 numpy arrays (float32/16, bfloat16 or float64 on disk).
+
+  Parsed here rather than by safetensors.numpy, which cannot give bfloat16 (numpy has no such dtype)."""
+  import ml_dtypes
+
+  header, start = _safetensors_header(path)
+  data = np.memmap(path, np.uint8, "r", offset=start) if os.path.getsize(path) > start else np.zeros(0, np.uint8)
+  out = {}
+  for name, info in header.items():
+    dt = _ST_DTYPES.get(info.get("dtype"))
+    if dt is None:
+      raise CheckpointError(f"{path}: tensor {name} has dtype {info.get('dtype')} (only float32/16, bfloat16 load)")
+    dt = np.dtype(ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
+    begin, end = info["data_offsets"]
+    shape = tuple(info["shape"])
+    if end - begin != int(np.prod(shape)) * dt.itemsize or end > data.size:
+      raise CheckpointError(f"{path}: tensor {name} does not fit its offsets (truncated or corrupt file)")
+    out[name] = np.asarray(data[begin:end]).view(dt).reshape(shape).astype(np.float32)
+  return out
+
+
+def read_hf_safetensors(directory: str, progress: bool = True):
+  """Returns (ModelConfig, params as numpy float32) from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory."""
+  from tqdm.auto import tqdm
+
+  cfg_path = os.path.join(directory, "config.json")
+  if not os.path.exists(cfg_path):
+    raise CheckpointError(f"{directory} has no config.json; expected a Hugging Face model directory")
+  with open(cfg_path) as f:
+    hf = json.load(f)
+  files = safetensors_files(directory)
+  if not files:
+    raise CheckpointError(f"{directory} has no *.safetensors files")
+  # The config and the tensor names (from the headers) are checked before any weight is read: a refusal is instant.
+  names = {k.removeprefix("model.") for fn in files for k in _safetensors_header(fn)[0]}
+  try:
+    cfg = hf_model_config(hf, names, os.path.basename(os.path.normpath(directory)), directory)
+  except (KeyError, TypeError) as e:
+    raise CheckpointError(f"{cfg_path} lacks or garbles a field the model needs ({e})") from e
+  t = {}
+  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
+    t.update({k.removeprefix("model."): v for k, v in read_safetensors(fn).items()})
+  if cfg.tie_embeddings and "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["embed_tokens.weight"]):
+    raise CheckpointError(f"{directory}: tie_word_embeddings is true but lm_head.weight differs from the embedding; "
+                          f"refusing to guess which head the model means")
+  return cfg, _hf_params(t, cfg)
+
+
+def _hf_params(t: dict, cfg) -> dict:
+  """Returns our params from Hugging Face tensors (prefix `model.` stripped; [out, in] matrices)."""
+  tr = lambda k: np.ascontiguousarray(t[k].T)  # noqa: E731
+  layers = []
+  for i in range(cfg.n_layers):
+    pre = f"layers.{i}."
+    a = pre + "self_attn."
+    lp = {"attn_norm": t[pre + "input_layernorm.weight"], "mlp_norm": t[pre + "post_attention_layernorm.weight"],
+          "wq": tr(a + "q_proj.weight"), "wk": tr(a + "k_proj.weight"), "wv": tr(a + "v_proj.weight"),
+          "wo": tr(a + "o_proj.weight"), "w_gate": tr(pre + "mlp.gate_proj.weight"),
+          "w_up": tr(pre + "mlp.up_proj.weight"), "w_down": tr(pre + "mlp.down_proj.weight")}
+    if cfg.attn_bias:
+      lp.update(bq=t[a + "q_proj.bias"], bk=t[a + "k_proj.bias"], bv=t[a + "v_proj.bias"])
+    if cfg.qk_norm:
+      lp.update(q_norm=t[a + "q_norm.weight"], k_norm=t[a + "k_norm.weight"])
+    layers.append(lp)
+  params = {"embed": t["embed_tokens.weight"], "layers": layers, "final_norm": t["norm.weight"]}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = tr("lm_head.weight")
+  return params
