@@ -311,6 +311,6 @@ def load_model(name_or_path: str):
     params = jax.device_put(params)
   else:
     cfg, params = load_checkpoint(path)
-  if os.path.exists(tok_path):
-    tok = TextTokenizer.from_file(tok_path)
+  if os.path.exists(tok_path):  # with the directory's chat template and EOS set, when it ships them
+    tok = TextTokenizer.from_dir(path)
   return cfg, params, tok

@@ -1,0 +1,214 @@
+"""Tokenizers from a model's own files: tokenizer.json, the Jinja chat template of tokenizer_config.json (Llama 3.1's
+and Qwen3's, kept in tests/fixtures/templates/), the EOS set of generation_config.json and config.json; SmolLM2's
+built-in behaviour unchanged; one-line errors for broken directories."""
+import datetime
+import json
+import os
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from ssd_jax.chat_template import TemplateError, render
+from ssd_jax.tokenizer import TextTokenizer, TokenizerError, byte_level_tokenizer, chat_template
+
+TEMPLATES = os.path.join(os.path.dirname(__file__), "fixtures", "templates")
+LLAMA3 = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+          "<|eot_id|>", "<|python_tag|>"]
+QWEN3 = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN3_PLAIN = ["<think>", "</think>"]  # added tokens that are not special: decoding keeps them
+CONVERSATION = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"},
+                {"role": "user", "content": "What is 2+2?"}]
+
+
+def fixture_template(name: str) -> str:
+  with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+    return f.read()
+
+
+def byte_tokenizer(specials, plain=(), bos: str | None = None) -> Tokenizer:
+  """A byte-level BPE over the 256 bytes with these special tokens first (ids 0..), like the real ones without
+  merges; bos: a post-processor that puts it before every raw text, as Llama 3's tokenizer.json does."""
+  vocab = {t: i for i, t in enumerate(list(specials) + list(plain) + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+  tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
+  if bos is not None:
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, vocab[bos])])
+  return tok
+
+
+def model_dir(path, tok: Tokenizer, tokenizer_config=None, generation_config=None, config=None, jinja=None):
+  """Writes a model directory's tokenizer files (only those given) and returns its path."""
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  for name, d in (("tokenizer_config.json", tokenizer_config), ("generation_config.json", generation_config),
+                  ("config.json", config)):
+    if d is not None:
+      with open(os.path.join(path, name), "w") as f:
+        json.dump(d, f)
+  if jinja is not None:
+    with open(os.path.join(path, "chat_template.jinja"), "w") as f:
+      f.write(jinja)
+  return str(path)
+
+
+def llama3_dir(path):
+  tok = byte_tokenizer(LLAMA3, bos="<|begin_of_text|>")
+  ids = {t: tok.token_to_id(t) for t in LLAMA3}
+  eos = [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]
+  return model_dir(path, tok, generation_config={"eos_token_id": eos}, config={"eos_token_id": eos[0]},
+                   tokenizer_config={"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                                     "chat_template": fixture_template("llama3.1.jinja")}), ids
+
+
+def qwen3_dir(path, **overrides):
+  tok = byte_tokenizer(QWEN3, QWEN3_PLAIN)
+  ids = {t: tok.token_to_id(t) for t in QWEN3 + QWEN3_PLAIN}
+  files = dict(generation_config={"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]]},
+               config={"eos_token_id": ids["<|im_end|>"]},
+               tokenizer_config={"bos_token": None, "pad_token": "<|endoftext|>",
+                                 "eos_token": {"content": "<|im_end|>", "special": True, "__type": "AddedToken"},
+                                 "chat_template": fixture_template("qwen3.jinja")})
+  files.update(overrides)
+  return model_dir(path, tok, **files), ids
+
+
+LLAMA3_SYSTEM = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                 "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n")
+LLAMA3_TURNS = ("<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\nHello! How can I help?<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n")
+QWEN3_TURNS = ("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
+               "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_llama31_template_eos_set_and_bos(tmp_path):
+  path, ids = llama3_dir(tmp_path / "llama")
+  tok = TextTokenizer.from_dir(path)
+  assert tok.render_chat(CONVERSATION) == LLAMA3_SYSTEM + "<|eot_id|>" + LLAMA3_TURNS
+  system = [{"role": "system", "content": "  Be brief.\n"}]  # the template trims it
+  assert tok.render_chat(system + CONVERSATION) == LLAMA3_SYSTEM + "Be brief.<|eot_id|>" + LLAMA3_TURNS
+  assert tok.render_chat(CONVERSATION[:1], add_generation_prompt=False).endswith("Hi there<|eot_id|>")
+  # Generation stops on <|end_of_text|>, <|eom_id|> and <|eot_id|>; the tokenizer's own is the end of a turn.
+  assert tok.eos_ids == tuple(sorted(ids[t] for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")))
+  assert tok.eos_id == ids["<|eot_id|>"]
+  bos = ids["<|begin_of_text|>"]
+  chat = tok.encode_prompt("Hi")
+  assert chat[0] == bos and chat.count(bos) == 1  # the template writes BOS; encoding adds none
+  assert tok.decode(chat) == "system\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nuser\n\nHi" \
+                             "assistant\n\n"
+  assert tok.encode_prompt("Hi", chat=False) == [bos] + tok.encode("Hi")  # raw: tokenizer.json's post-processor
+  assert tok.encode_prompt("<|begin_of_text|>Hi", chat=False) == [bos] + tok.encode("Hi")  # never two
+  with pytest.raises(TemplateError, match="no enable_thinking switch"):
+    tok.encode_prompt("Hi", enable_thinking=False)
+
+
+def test_qwen3_template_thinking_switch_and_eos_set(tmp_path):
+  path, ids = qwen3_dir(tmp_path / "qwen")
+  tok = TextTokenizer.from_dir(path)
+  assert tok.render_chat(CONVERSATION) == QWEN3_TURNS
+  assert tok.render_chat(CONVERSATION, enable_thinking=True) == QWEN3_TURNS
+  assert tok.render_chat(CONVERSATION, enable_thinking=False) == QWEN3_TURNS + "<think>\n\n</think>\n\n"
+  # A past answer's reasoning is dropped from the history (the template splits it off at </think>).
+  thought = [dict(CONVERSATION[1], content="<think>\nAdd.\n</think>\n\nHello! How can I help?")]
+  assert tok.render_chat(CONVERSATION[:1] + thought + CONVERSATION[2:]) == QWEN3_TURNS
+  system = [{"role": "system", "content": "Be brief."}]
+  assert tok.render_chat(system + CONVERSATION[:1]) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                                        "Hi there<|im_end|>\n<|im_start|>assistant\n")
+  assert tok.eos_ids == tuple(sorted((ids["<|im_end|>"], ids["<|endoftext|>"]))) and tok.eos_id == ids["<|im_end|>"]
+  assert tok.encode_prompt("Hi", chat=False) == tok.encode("Hi")  # no BOS in Qwen3
+  ids_off = tok.encode_prompt("Hi", enable_thinking=False)
+  assert ids_off[-6:] == [ids["<think>"]] + tok.encode("\n\n") + [ids["</think>"]] + tok.encode("\n\n")
+  assert tok.decode(ids_off).endswith("assistant\n<think>\n\n</think>\n\n")  # <think> is not special: kept
+
+
+def test_template_from_named_list_and_jinja_file(tmp_path):
+  qwen = fixture_template("qwen3.jinja")
+  named = [{"name": "tool_use", "template": "{{ raise_exception('tools') }}"}, {"name": "default", "template": qwen}]
+  path, _ = qwen3_dir(tmp_path / "named", tokenizer_config={"eos_token": "<|im_end|>", "chat_template": named})
+  assert TextTokenizer.from_dir(path).render_chat(CONVERSATION) == QWEN3_TURNS
+  # chat_template.jinja wins over the config's key, as in transformers.
+  path, _ = qwen3_dir(tmp_path / "file", jinja=qwen,
+                      tokenizer_config={"eos_token": "<|im_end|>", "chat_template": "{{ 'old' }}"})
+  assert TextTokenizer.from_dir(path).render_chat(CONVERSATION) == QWEN3_TURNS
+  path, _ = qwen3_dir(tmp_path / "nodefault", tokenizer_config={"chat_template": named[:1]})
+  with pytest.raises(TemplateError, match="none named 'default'"):
+    TextTokenizer.from_dir(path)
+
+
+def test_transformers_environment():
+  """What transformers gives a template besides the messages: strftime_now, raise_exception, a tojson that keeps
+  <, > and & (Jinja's own escapes them for HTML), loop controls, bos/eos variables, tools None."""
+  today = datetime.datetime.now().strftime("%d %b %Y")
+  assert render("{{ strftime_now('%d %b %Y') }}", []) in (today, datetime.datetime.now().strftime("%d %b %Y"))
+  assert render("{{ {'a': '<b> & c'} | tojson }}", []) == '{"a": "<b> & c"}'
+  assert render("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m }}{% endfor %}",
+                [1, 2, 3]) == "1"
+  assert render("{{ bos_token }}|{{ tools is none }}|{{ add_generation_prompt }}", [], bos_token="<s>") == \
+      "<s>|True|True"
+  assert render("{% generation %}x{% endgeneration %}", []) == "x"
+  with pytest.raises(TemplateError, match="refused the conversation: only user turns"):
+    render("{{ raise_exception('only user turns') }}", [])
+
+
+def test_smollm2_builtin_template_unchanged(tmp_path):
+  """A tokenizer without template files (the GGUF-built SmolLM2, our checkpoints) keeps the ChatML template and
+  stops on <|im_end|> alone; raw prompts get no BOS."""
+  tok = TextTokenizer(byte_level_tokenizer())
+  assert tok.chat_prompt("Hi") == chat_template([("user", "Hi")]) == (
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+  assert tok.chat_prompt("Hi", system="S") == chat_template([("user", "Hi")], system="S")
+  assert tok.eos_ids == (2,) and tok.eos_id == 2
+  assert tok.encode_prompt("Hi") == tok.encode(tok.chat_prompt("Hi"))
+  assert tok.encode_prompt("Hi", chat=False) == tok.encode("Hi")
+  saved = TextTokenizer.from_dir(model_dir(tmp_path, tok.tok, config={"vocab_size": 259}))  # an ssd-jax config
+  assert saved.chat_prompt("Hi") == tok.chat_prompt("Hi") and saved.eos_ids == (2,)
+  with pytest.raises(TemplateError, match="no enable_thinking switch"):
+    tok.chat_prompt("Hi", enable_thinking=True)
+
+
+def one_line(excinfo) -> str:
+  msg = str(excinfo.value)
+  assert "\n" not in msg
+  return msg
+
+
+def test_broken_directories_fail_in_one_line(tmp_path):
+  with pytest.raises(TokenizerError, match="has no tokenizer.json") as e:
+    TextTokenizer.from_dir(str(tmp_path))
+  one_line(e)
+  path, _ = qwen3_dir(tmp_path / "syntax", tokenizer_config={"chat_template": "{% for m in messages %}{{ m }"})
+  with pytest.raises(TemplateError, match="does not parse") as e:
+    TextTokenizer.from_dir(path)
+  assert path in one_line(e)
+  path, _ = qwen3_dir(tmp_path / "eos", tokenizer_config={"eos_token": "</s>"})
+  with pytest.raises(TokenizerError, match="'</s>' of tokenizer_config.json is not in tokenizer.json") as e:
+    TextTokenizer.from_dir(path)
+  path, _ = qwen3_dir(tmp_path / "gen", generation_config={"eos_token_id": "2"})
+  with pytest.raises(TokenizerError, match="eos_token_id must be a token id"):
+    TextTokenizer.from_dir(path)
+  path, _ = qwen3_dir(tmp_path / "range", generation_config={"eos_token_id": [151645]})
+  with pytest.raises(TokenizerError, match="reach past the tokenizer"):
+    TextTokenizer.from_dir(path)
+  path = model_dir(tmp_path / "bare", byte_tokenizer(["<s>", "</s>"]))
+  with pytest.raises(TokenizerError, match="no end-of-sequence token"):
+    TextTokenizer.from_dir(path)
+  path = model_dir(tmp_path / "base", byte_tokenizer(["<s>", "</s>"]), tokenizer_config={"eos_token": "</s>"})
+  with pytest.raises(TemplateError, match="ships no chat template.*--raw") as e:
+    TextTokenizer.from_dir(path).encode_prompt("Hi")
+  one_line(e)
+  assert TextTokenizer.from_dir(path).encode_prompt("Hi", chat=False) == TextTokenizer.from_dir(path).encode("Hi")
+  with open(os.path.join(path, "tokenizer.json"), "w") as f:
+    f.write("{not json")
+  with pytest.raises(TokenizerError, match="cannot read") as e:
+    TextTokenizer.from_dir(path)
+  one_line(e)
+  path, _ = llama3_dir(tmp_path / "tools")
+  with pytest.raises(TemplateError, match="failed to render") as e:  # a role None: str + None
+    TextTokenizer.from_dir(path).render_chat([{"role": None, "content": "Hi"}])
+  one_line(e)
