@@ -93,6 +93,11 @@ class TextTokenizer:
   def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
     return self.tok.decode(list(ids), skip_special_tokens=skip_special)
 
+  def reply_text(self, ids: Sequence[int]) -> str:
+    """Returns the text of generated ids: special tokens and the end-of-sequence ids (some of which a model may not
+    mark special) are not text."""
+    return self.decode([i for i in ids if i not in self.eos_ids])
+
   def encode_prompt(self, text: str, chat: bool = True, **template_kwargs) -> list[int]:
     """Returns the ids of a prompt: under the chat template (which writes BOS itself where the model wants one, as
     Llama 3's does), or raw with what tokenizer.json's post-processor adds (Llama 3: BOS; SmolLM2, Qwen3: nothing)."""

@@ -212,3 +212,66 @@ def test_broken_directories_fail_in_one_line(tmp_path):
   with pytest.raises(TemplateError, match="failed to render") as e:  # a role None: str + None
     TextTokenizer.from_dir(path).render_chat([{"role": None, "content": "Hi"}])
   one_line(e)
+
+
+def hf_model_dir(path, make_dir, seed=0):
+  """A tiny random Llama in a Hugging Face directory with these tokenizer files (ssd_jax.load reads it)."""
+  import jax
+
+  from ssd_jax.bench import hf_export
+  from ssd_jax.config import tiny_config
+  from ssd_jax.model import init_params
+
+  path, ids = make_dir(path)
+  tok = TextTokenizer.from_dir(path)
+  with open(os.path.join(path, "config.json")) as f:
+    eos = json.load(f)["eos_token_id"]
+  cfg = tiny_config(vocab_size=tok.vocab_size)
+  hf_export.export_llama(init_params(jax.random.key(seed), cfg, scale=0.3), cfg, path, eos_id=eos)
+  return path, ids
+
+
+def test_pipeline_takes_the_directorys_template_and_stops_on_its_eos_set(tmp_path):
+  import ssd_jax
+
+  path, ids = hf_model_dir(tmp_path / "qwen", qwen3_dir)
+  pipe = ssd_jax.load(path, draft=None)
+  tok = pipe.tokenizer
+  assert tok.eos_ids == tuple(sorted((ids["<|im_end|>"], ids["<|endoftext|>"])))
+  assert pipe.encode_prompt("Hi", enable_thinking=False) == tok.encode(
+      tok.render_chat([{"role": "user", "content": "Hi"}], enable_thinking=False))
+  full = pipe.generate("Hi", mode="ar", max_new_tokens=12, ignore_eos=True, enable_thinking=False)[0].token_ids
+  # generation_config.json's ids reach the decoder: make a token the model produces mid-answer one of them.
+  stop = full[5]
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [ids["<|im_end|>"], stop]}, f)
+  pipe = ssd_jax.load(path, draft=None)
+  got = pipe.generate("Hi", mode="ar", max_new_tokens=12, enable_thinking=False)[0]
+  assert got.token_ids == full[: full.index(stop) + 1]
+  assert got.text == tok.decode(full[: full.index(stop)])  # the stop token is not text (as <|im_end|>)
+
+
+def run_decode(*args):
+  """Runs scripts/decode.py on this checkout's package (whatever ssd_jax is installed)."""
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+  return subprocess.run([sys.executable, os.path.join(root, "scripts", "decode.py"), *args], capture_output=True,
+                        text=True, timeout=600, cwd=root, env=env)
+
+
+def test_decode_cli_thinking_switch_and_raw(tmp_path):
+  qwen, _ = hf_model_dir(tmp_path / "qwen", qwen3_dir)
+  out = tmp_path / "out.jsonl"
+  r = run_decode("--target", qwen, "--draft", "none", "--mode", "ar", "--thinking", "off", "--prompt", "Hi",
+          "--max-new-tokens", "3", "--ignore-eos", "--json-out", str(out))
+  assert r.returncode == 0, r.stderr
+  assert len(json.loads(out.read_text())["token_ids"]) == 3
+  llama, _ = hf_model_dir(tmp_path / "llama", llama3_dir)
+  for args, msg in ((["--thinking", "on"], "chat template has no enable_thinking switch"),
+                    (["--thinking", "off", "--raw"], "--thinking is a chat template switch")):
+    r = run_decode("--target", llama, "--draft", "none", "--mode", "ar", "--prompt", "Hi", *args)
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1  # before any weights are read
