@@ -6,26 +6,81 @@ import json
 import os
 from typing import Sequence
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
 
+class TokenizerError(ValueError):
+  """A model's tokenizer files (or GGUF tokenizer metadata) are missing, unsupported or contradict each other."""
+
+
+# The split regexes of the byte-level BPE families a GGUF names in `tokenizer.ggml.pre` (llama.cpp writes the name of
+# the regex the model's tokenizer.json used). None: ByteLevel's own GPT-2 regex. Llama 3 groups digits by three,
+# Qwen2/Qwen3 split them one by one; SmolLM2 isolates digits and then applies the GPT-2 regex.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_GGUF_SPLITS = {"gpt-2": None, "gpt2": None, "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT,
+                "qwen2": _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")}
+
+
+def _gguf_pre_tokenizer(pre: str):
+  if pre == "smollm":
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+  if pre not in _GGUF_SPLITS:
+    raise TokenizerError(f"GGUF pre-tokenizer {pre!r} is not supported (known: smollm, {', '.join(_GGUF_SPLITS)}); "
+                         "load the model's Hugging Face directory, whose tokenizer.json says how it splits text")
+  if _GGUF_SPLITS[pre] is None:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_GGUF_SPLITS[pre]), behavior="isolated"),
+                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
 def tokenizer_from_gguf_meta(meta: dict) -> Tokenizer:
-  """Returns a byte-level BPE tokenizer built from GGUF `tokenizer.ggml.*` metadata (the 'smollm' pre-tokenizer)."""
+  """Returns a byte-level BPE tokenizer built from GGUF `tokenizer.ggml.*` metadata (pre-tokenizer 'smollm' when the
+  file names none); control tokens (type 3) are special, user-defined ones (type 4, Qwen3's <think>) added text."""
+  model = meta.get("tokenizer.ggml.model", "gpt2")
+  if model != "gpt2":
+    raise TokenizerError(f"GGUF tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2'); load the "
+                         "model's Hugging Face directory (tokenizer.json) instead")
   toks = list(meta["tokenizer.ggml.tokens"])
   merges = list(meta["tokenizer.ggml.merges"])
   types = list(meta["tokenizer.ggml.token_type"])
-  pre = meta.get("tokenizer.ggml.pre", "smollm")
   tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(toks)},
                              merges=[tuple(m.split(" ", 1)) for m in merges]))
-  split_digits = [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated")] if pre == "smollm" else []
-  tok.pre_tokenizer = pre_tokenizers.Sequence(split_digits + [
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+  pre = meta.get("tokenizer.ggml.pre", "smollm")
+  tok.pre_tokenizer = _gguf_pre_tokenizer(pre)
+  if pre == "qwen2":
+    tok.normalizer = normalizers.NFC()  # as Qwen's tokenizer.json
   tok.decoder = decoders.ByteLevel()
   tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, y in zip(toks, types) if y == 3])
+  tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, y in zip(toks, types) if y == 4])
   return tok
+
+
+def text_tokenizer_from_gguf(meta: dict) -> "TextTokenizer":
+  """Returns the TextTokenizer a GGUF carries: its tokenizer, `tokenizer.chat_template`, BOS before raw text when
+  `add_bos_token`, and the end-of-sequence set of its eos, eot and eom ids (llama.cpp stops on all three)."""
+  tok = tokenizer_from_gguf_meta(meta)
+  toks = meta["tokenizer.ggml.tokens"]
+  ids = {k: int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("bos", "eos", "eot", "eom", "unknown", "padding")
+         if f"tokenizer.ggml.{k}_token_id" in meta}
+  if any(not 0 <= i < len(toks) for i in ids.values()):
+    raise TokenizerError(f"GGUF special token ids {ids} reach past its {len(toks)} tokens")
+  special = {f"{k}_token": toks[ids[g]] for k, g in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"),
+                                                     ("pad", "padding")) if g in ids}
+  if meta.get("tokenizer.ggml.add_bos_token") and "bos" in ids:
+    bos = toks[ids["bos"]]
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, ids["bos"])])
+  eos = [ids[k] for k in ("eos", "eot", "eom") if k in ids]
+  from .chat_template import TemplateError
+  try:
+    return TextTokenizer(tok, eos, meta.get("tokenizer.chat_template"), special)
+  except TemplateError as e:
+    raise TemplateError(f"GGUF tokenizer.chat_template: {e}") from None
 
 
 def byte_level_tokenizer() -> Tokenizer:
@@ -149,10 +204,6 @@ def chat_template(turns: Sequence[tuple[str, str]], system: str | None = DEFAULT
 
 
 # ------------------------------------------------------------------------------------ a model directory's own files
-
-class TokenizerError(ValueError):
-  """A model directory's tokenizer files are missing or contradict each other."""
-
 
 def _read_json(path: str) -> dict:
   if not os.path.exists(path):

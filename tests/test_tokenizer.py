@@ -275,3 +275,49 @@ def test_decode_cli_thinking_switch_and_raw(tmp_path):
     r = run_decode("--target", llama, "--draft", "none", "--mode", "ar", "--prompt", "Hi", *args)
     assert r.returncode == 2 and msg in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1  # before any weights are read
+
+
+def gguf_meta(specials, pre, user_defined=(), **fields):
+  """GGUF tokenizer metadata over the 256 bytes (no merges) with these control tokens first."""
+  toks = list(specials) + list(user_defined) + sorted(pre_tokenizers.ByteLevel.alphabet())
+  types = [3] * len(specials) + [4] * len(user_defined) + [1] * (len(toks) - len(specials) - len(user_defined))
+  meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": toks,
+          "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": []}
+  meta.update({f"tokenizer.{k}" if k == "chat_template" else f"tokenizer.ggml.{k}": v for k, v in fields.items()})
+  return meta
+
+
+def test_gguf_tokenizers_templates_and_eos_sets():
+  from ssd_jax.tokenizer import text_tokenizer_from_gguf
+
+  pieces = lambda tok, text: [p for p, _ in tok.tok.pre_tokenizer.pre_tokenize_str(text)]
+  # SmolLM2's GGUF: its own template renders exactly the built-in ChatML; EOS <|im_end|>; no BOS (add_bos false).
+  smol = text_tokenizer_from_gguf(gguf_meta(QWEN3, "smollm", bos_token_id=1, eos_token_id=2, padding_token_id=2,
+                                            add_bos_token=False, chat_template=fixture_template("smollm2.jinja")))
+  assert smol.chat_prompt("Hi") == TextTokenizer(byte_level_tokenizer()).chat_prompt("Hi")
+  assert smol.eos_ids == (2,) and smol.encode_prompt("Hi", chat=False) == smol.encode("Hi")
+  assert pieces(smol, "x 12") == ["x", "Ġ", "1", "2"]
+  # Llama 3: digits in threes, BOS before raw text, EOS = eos + eot + eom, the template writes BOS once.
+  ids = {t: i for i, t in enumerate(LLAMA3)}
+  llama = text_tokenizer_from_gguf(gguf_meta(
+      LLAMA3, "llama-bpe", bos_token_id=ids["<|begin_of_text|>"], eos_token_id=ids["<|end_of_text|>"],
+      eot_token_id=ids["<|eot_id|>"], eom_token_id=ids["<|eom_id|>"], add_bos_token=True,
+      chat_template=fixture_template("llama3.1.jinja")))
+  assert pieces(llama, "x 12345") == ["x", "Ġ", "123", "45"]
+  assert llama.eos_ids == tuple(sorted(ids[t] for t in ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")))
+  assert llama.encode_prompt("Hi", chat=False)[0] == ids["<|begin_of_text|>"]
+  assert llama.encode_prompt("Hi").count(ids["<|begin_of_text|>"]) == 1
+  assert llama.render_chat(CONVERSATION) == LLAMA3_SYSTEM + "<|eot_id|>" + LLAMA3_TURNS
+  # Qwen3: digits one by one, <think> a user-defined token (one id, kept when decoding).
+  qwen = text_tokenizer_from_gguf(gguf_meta(QWEN3, "qwen2", QWEN3_PLAIN, eos_token_id=2, eot_token_id=2,
+                                            chat_template=fixture_template("qwen3.jinja")))
+  assert pieces(qwen, "x 12") == ["x", "Ġ", "1", "2"] and qwen.eos_ids == (2,)
+  assert qwen.encode("<think>") == [3] and qwen.decode([3]) == "<think>"
+  assert qwen.render_chat(CONVERSATION, enable_thinking=False) == QWEN3_TURNS + "<think>\n\n</think>\n\n"
+  for meta, msg in ((gguf_meta(QWEN3, "deepseek-llm"), "pre-tokenizer 'deepseek-llm' is not supported"),
+                    (dict(gguf_meta(QWEN3, "smollm"), **{"tokenizer.ggml.model": "llama"}), "model 'llama'"),
+                    (gguf_meta(QWEN3, "smollm", eos_token_id=10**6), "reach past"),
+                    (gguf_meta(QWEN3, "smollm", chat_template="{% if %}"), "GGUF tokenizer.chat_template: ")):
+    with pytest.raises(ValueError, match=msg) as e:
+      text_tokenizer_from_gguf(meta)
+    one_line(e)
