@@ -133,7 +133,17 @@ class TextTokenizer:
     return read_model_tokenizer(directory)
 
   def save(self, path: str) -> None:
+    """Writes tokenizer.json at `path` and, when there is more than the built-in ChatML and <|im_end|>, the chat
+    template and special tokens (tokenizer_config.json) and the EOS set (generation_config.json) beside it, so that
+    from_dir reads back the same tokenizer (a draft trained for a Llama 3 target keeps its stop ids)."""
     self.tok.save(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if self.template is not None or self.special_tokens:
+      with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({**self.special_tokens, "chat_template": self.template}, f, indent=1, ensure_ascii=False)
+    if self.eos_ids != (self.tok.token_to_id(IM_END),):
+      with open(os.path.join(directory, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": list(self.eos_ids)}, f, indent=1)
 
   @property
   def vocab_size(self) -> int:

@@ -126,6 +126,22 @@ def test_qwen3_template_thinking_switch_and_eos_set(tmp_path):
   assert tok.decode(ids_off).endswith("assistant\n<think>\n\n</think>\n\n")  # <think> is not special: kept
 
 
+@pytest.mark.parametrize("make_dir", [llama3_dir, qwen3_dir])
+def test_save_then_from_dir_gives_the_same_tokenizer(tmp_path, make_dir):
+  """A checkpoint saved with a model's tokenizer (a draft trained for it) keeps its template and stop ids."""
+  tok = TextTokenizer.from_dir(make_dir(tmp_path / "model")[0])
+  os.makedirs(tmp_path / "saved")
+  tok.save(str(tmp_path / "saved" / "tokenizer.json"))
+  back = TextTokenizer.from_dir(str(tmp_path / "saved"))
+  assert (back.eos_ids, back.eos_id, back.template, back.special_tokens) == (
+      tok.eos_ids, tok.eos_id, tok.template, tok.special_tokens)
+  assert back.encode_prompt("Hi") == tok.encode_prompt("Hi")
+  assert back.encode_prompt("Hi", chat=False) == tok.encode_prompt("Hi", chat=False)
+  smol = TextTokenizer(byte_level_tokenizer())  # the built-in case writes tokenizer.json alone, as before
+  smol.save(str(tmp_path / "smol.json"))
+  assert sorted(os.listdir(tmp_path)) == ["model", "saved", "smol.json"]
+
+
 def test_template_from_named_list_and_jinja_file(tmp_path):
   qwen = fixture_template("qwen3.jinja")
   named = [{"name": "tool_use", "template": "{{ raise_exception('tools') }}"}, {"name": "default", "template": qwen}]
