@@ -171,7 +171,8 @@ class TextTokenizer:
     if template_kwargs:
       raise ValueError(f"template options {sorted(template_kwargs)} need the chat template (not a raw prompt)")
     ids = self.tok.encode(text, add_special_tokens=True).ids
-    bos = self.tok.token_to_id(self.special_tokens.get("bos_token") or "")
+    bos_text = self.special_tokens.get("bos_token")
+    bos = self.tok.token_to_id(bos_text) if bos_text else None
     if bos is not None and ids[:2] == [bos, bos]:  # the text began with BOS already: one is enough
       ids = ids[1:]
     return ids
@@ -193,7 +194,7 @@ class TextTokenizer:
     if unread:
       raise TemplateError(f"this model's chat template has no {', '.join(sorted(unread))} switch")
     if self.template is not None:
-      return render(self.template, list(messages), add_generation_prompt, **self.special_tokens, **template_kwargs)
+      return render(self.template, list(messages), add_generation_prompt, **{**self.special_tokens, **template_kwargs})
     if self.tok.token_to_id(IM_START) is None or self.tok.token_to_id(IM_END) is None:
       raise TemplateError("this model ships no chat template (tokenizer_config.json has no chat_template); "
                           "give the prompt raw (--raw, chat=False)")
