@@ -38,7 +38,8 @@ class DecodeOptions:
       raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
     if not np.isfinite(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-    ids = () if self.eos_id is None else (self.eos_id,) if np.ndim(self.eos_id) == 0 else tuple(self.eos_id)
+    e = self.eos_id.tolist() if isinstance(self.eos_id, np.ndarray) else self.eos_id
+    ids = () if e is None else (e,) if isinstance(e, (int, np.integer, str)) or not np.iterable(e) else tuple(e)
     if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in ids):
       raise ValueError(f"eos_id must be a token id >= 0 or a collection of them, got {self.eos_id!r}")
     object.__setattr__(self, "eos_id", tuple(sorted({int(i) for i in ids})))
