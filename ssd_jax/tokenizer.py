@@ -163,6 +163,16 @@ class TextTokenizer:
     mark special) are not text."""
     return self.decode([i for i in ids if i not in self.eos_ids])
 
+  def writes_chatml(self) -> bool:
+    """Returns whether this model's template writes a conversation exactly as SmolLM2's ChatML (`chat_template`),
+    the text draft training is written in."""
+    turns = [("user", "Hi"), ("assistant", "Hello")]
+    try:
+      messages = [{"role": r, "content": c} for r, c in turns]
+      return self.render_chat(messages, False) == chat_template(turns, add_generation_prompt=False)
+    except ValueError:  # no template at all
+      return False
+
   def encode_prompt(self, text: str, chat: bool = True, **template_kwargs) -> list[int]:
     """Returns the ids of a prompt: under the chat template (which writes BOS itself where the model wants one, as
     Llama 3's does), or raw with what tokenizer.json's post-processor adds (Llama 3: BOS; SmolLM2, Qwen3: nothing)."""

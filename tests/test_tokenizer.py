@@ -142,6 +142,22 @@ def test_save_then_from_dir_gives_the_same_tokenizer(tmp_path, make_dir):
   assert sorted(os.listdir(tmp_path)) == ["model", "saved", "smol.json"]
 
 
+def test_draft_training_text_refuses_a_template_it_does_not_write(tmp_path):
+  from ssd_jax.tokenizer import text_tokenizer_from_gguf
+  from ssd_jax.training.draft_data import tokenize_conversations
+
+  conv = [[("user", "Hi"), ("assistant", "Hello")]]
+  smol_gguf = text_tokenizer_from_gguf(gguf_meta(QWEN3, "smollm", eos_token_id=2,
+                                                 chat_template=fixture_template("smollm2.jinja")))
+  for tok in (TextTokenizer(byte_level_tokenizer()), smol_gguf):
+    assert tok.writes_chatml() and len(tokenize_conversations(tok, conv, progress=False)[0]) > 0
+  for make_dir in (llama3_dir, qwen3_dir):
+    tok = TextTokenizer.from_dir(make_dir(tmp_path / make_dir.__name__)[0])
+    assert not tok.writes_chatml()
+    with pytest.raises(ValueError, match="ChatML"):
+      tokenize_conversations(tok, conv, progress=False)
+
+
 def test_template_from_named_list_and_jinja_file(tmp_path):
   qwen = fixture_template("qwen3.jinja")
   named = [{"name": "tool_use", "template": "{{ raise_exception('tools') }}"}, {"name": "default", "template": qwen}]
