@@ -59,7 +59,6 @@ def _strftime_now(fmt: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _environment():
-  import jinja2
   from jinja2.ext import Extension, loopcontrols
   from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -72,22 +71,21 @@ def _environment():
       next(parser.stream)
       return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols],
-                                      undefined=jinja2.Undefined)
+  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols])
   env.filters["tojson"] = _tojson
   env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
   return env
 
 
 @functools.lru_cache(maxsize=16)
-def compile_template(source: str, where: str = "chat template"):
-  """Returns the compiled template; raises TemplateError (one line: where, what, which line) when it does not parse."""
+def compile_template(source: str):
+  """Returns the compiled template; raises TemplateError (one line: what, on which line) when it does not parse."""
   import jinja2
 
   try:
     return _environment().from_string(source)
   except jinja2.TemplateSyntaxError as e:
-    raise TemplateError(f"{where} does not parse: {e.message} (template line {e.lineno})") from None
+    raise TemplateError(f"the chat template does not parse: {e.message} (template line {e.lineno})") from None
 
 
 def render(source: str, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
