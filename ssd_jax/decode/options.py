@@ -52,8 +52,8 @@ class DecodeOptions:
   def cut_at_stop(self, tokens: Sequence[int]) -> tuple[list[int], bool]:
     """Returns (tokens up to and including the first stop id of any kind, whether one was there).
 
-    Every decoder commits through this, so a speculative round that accepted several tokens ends exactly where AR,
-    one token at a time, would have stopped."""
+    The speculative decoders commit each round through this, so a round that accepted several tokens ends exactly
+    where AR, checking `stop_ids` one token at a time, would have stopped."""
     stops = self.stop_ids
     for j, t in enumerate(tokens):
       if int(t) in stops:
