@@ -123,10 +123,6 @@ class TextTokenizer:
       compile_template(template)  # a broken template fails at load, not at the first prompt
 
   @classmethod
-  def from_file(cls, path: str) -> "TextTokenizer":
-    return cls(Tokenizer.from_file(path))
-
-  @classmethod
   def from_dir(cls, directory: str) -> "TextTokenizer":
     """Returns the tokenizer of a model directory: tokenizer.json, with the chat template and special tokens of
     tokenizer_config.json (or chat_template.jinja) and the EOS set of generation_config.json and config.json."""
