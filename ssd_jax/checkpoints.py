@@ -174,7 +174,7 @@ def load_model(name_or_path: str):
   """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory."""
   import jax
 
-  from .tokenizer import TextTokenizer, tokenizer_from_gguf_meta
+  from .tokenizer import TextTokenizer, text_tokenizer_from_gguf
 
   path = resolve_model_dir(name_or_path)
   tok_path = os.path.join(path, "tokenizer.json")
@@ -182,13 +182,13 @@ def load_model(name_or_path: str):
   if path.endswith(".gguf"):
     cfg, params, meta = read_gguf(path)
     params = jax.device_put(params)
-    tok = TextTokenizer(tokenizer_from_gguf_meta(meta)) if "tokenizer.ggml.tokens" in meta else None
+    tok = text_tokenizer_from_gguf(meta) if "tokenizer.ggml.tokens" in meta else None  # with its template, EOS set
     return cfg, params, tok
   if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
     cfg, params = read_hf_safetensors(path)
     params = jax.device_put(params)
   else:
     cfg, params = load_checkpoint(path)
-  if os.path.exists(tok_path):
-    tok = TextTokenizer.from_file(tok_path)
+  if os.path.exists(tok_path):  # with the directory's chat template and EOS set, when it ships them
+    tok = TextTokenizer.from_dir(path)
   return cfg, params, tok

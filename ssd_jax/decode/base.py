@@ -114,10 +114,9 @@ class SpecBook:
   def __init__(self, prompts, first, opts: DecodeOptions, k: int, now: float):
     b = len(prompts)
     self.opts, self.k = opts, k
-    self.eos = opts.stop_id
     self.out = [[int(first[i])] for i in range(b)]
     self.seqs = [list(p) + [int(first[i])] for i, p in enumerate(prompts)]
-    self.done = np.array([first[i] == self.eos or opts.max_new_tokens <= 1 for i in range(b)])
+    self.done = np.array([opts.cut_at_stop(self.out[i])[1] or opts.max_new_tokens <= 1 for i in range(b)])
     self.forwards = np.ones(b, np.int64)    # target forwards, prefill included
     self.finish = np.full(b, now)
     self.accepted = np.zeros((b, k), np.int64)  # rounds in which draft position j was accepted
@@ -140,12 +139,10 @@ class SpecBook:
       self.reached[i, : min(a + 1, self.k)] += 1
       self.accepted[i, :a] += 1
       new = drafts[i, :a].tolist() + [int(bonus[i])]
-      new = new[: self.opts.max_new_tokens - len(self.out[i])]
-      if self.eos in new:
-        new = new[: new.index(self.eos) + 1]
+      new, stopped = self.opts.cut_at_stop(new[: self.opts.max_new_tokens - len(self.out[i])])
       self.out[i] += new
       self.seqs[i] += new
-      if (new and new[-1] == self.eos) or len(self.out[i]) >= self.opts.max_new_tokens:
+      if stopped or len(self.out[i]) >= self.opts.max_new_tokens:
         self.done[i] = True
         self.finish[i] = now
       if i == 0 and stream is not None:
