@@ -16,6 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..mask import MaskInfo
+from ..platform import kernel_platform
 
 _NEG = -1e30  # finite "minus infinity": exp(_NEG - _NEG) is 1, not NaN, so masked terms are zeroed explicitly
 
@@ -153,21 +154,23 @@ def _cost(q, k, out_bytes: int) -> pl.CostEstimate:
                          bytes_accessed=kv_bytes + q.size * q.dtype.itemsize + out_bytes)
 
 
-@functools.partial(jax.jit, static_argnames=("kernel", "interpret", "block_q", "block_k", "split_k"))
+@functools.partial(jax.jit, static_argnames=("kernel", "interpret", "block_q", "block_k", "split_k", "platform"))
 def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, interpret: bool | None = None,
-                     block_q: int | None = None, block_k: int | None = None, split_k: int | None = None):
+                     block_q: int | None = None, block_k: int | None = None, split_k: int | None = None,
+                     platform: str | None = None):
   """Returns `ref_attention(q, k, v, mask)` computed by a Pallas kernel, [B, T, H, D] in q's dtype.
 
   kernel: 'triton' (GPU layout: grid (B, G, query blocks, cache splits), partial softmaxes merged by log-sum-exp
-  after the call) or 'mosaic' (TPU layout: grid (B, query blocks, key blocks), merged in VMEM); default 'mosaic' on
-  TPU, else 'triton'. interpret: run the kernel in interpret mode (default: on CPU). block_q: query rows (queries x
+  after the call) or 'mosaic' (TPU layout: grid (B, query blocks, key blocks), merged in VMEM); default 'mosaic' for
+  TPU, else 'triton'. interpret: run the kernel in interpret mode (default: for CPU). platform: what the program is
+  compiled for (None: the default backend), which sets both defaults. block_q: query rows (queries x
   the H/G heads of one KV head) per program; block_k: keys per inner step; split_k: cache slots per program (triton
   only; default: enough splits to fill a GPU, 256-1024 slots each). Static: all keyword arguments, the shapes and
   mask.tree_width.
   Scores accumulate in float32; the probabilities meet V in the compute dtype (bfloat16 for a bfloat16 cache).
   Padding that costs a copy of the cache: S to a multiple of block_k, and for triton D to a power of two >= 16.
   """
-  backend = jax.default_backend()
+  backend = kernel_platform(platform)
   kernel = kernel or ("mosaic" if backend == "tpu" else "triton")
   if kernel not in ("triton", "mosaic"):
     raise ValueError(f"unknown Pallas attention kernel {kernel!r}; choose 'triton' or 'mosaic'")
