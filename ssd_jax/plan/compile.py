@@ -21,9 +21,11 @@ def tpu_devices(topology: str) -> list:
   from jax.experimental import topologies
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
-  except Exception as e:  # no libtpu, an unknown shape
-    raise RuntimeError(f"cannot make TPU topology {topology!r} ({str(e).splitlines()[0][:160]}); compiling for TPU "
-                       f"needs libtpu: pip install -e '.[tpu]'") from None
+  except Exception as e:  # no libtpu, an unknown shape, libtpu held by another process
+    why = str(e).splitlines()[0][:160]
+    todo = ("another process holds libtpu: wait for it, or set ALLOW_MULTIPLE_LIBTPU_LOAD=1" if "lockfile" in why
+            else "compiling for TPU needs libtpu: pip install -e '.[tpu]'")
+    raise RuntimeError(f"cannot make TPU topology {topology!r} ({why}); {todo}") from None
 
 
 def _cache_sharding_kept(prog: Program, exe) -> bool:
