@@ -44,13 +44,14 @@ def compile_one(prog: Program) -> dict:
     with jax.set_mesh(prog.mesh):  # as Programs lowers (decode/base.py): a Pallas call splits itself over it
       exe = prog.fn.lower(*prog.args, **prog.static).compile()
   except Exception as e:
-    return {"name": prog.name, "side": prog.side, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    return {"name": prog.name, "side": prog.side, "model": prog.model,
+            "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
   secs = time.perf_counter() - t0
   m = exe.memory_analysis()
   mem = {f: int(getattr(m, f"{f}_size_in_bytes" if f != "code" else "generated_code_size_in_bytes"))
          for f in MEMORY_FIELDS}
   peak = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"] + mem["code"]
-  return {"name": prog.name, "side": prog.side, "seconds": secs, **mem, "peak": peak,
+  return {"name": prog.name, "side": prog.side, "model": prog.model, "seconds": secs, **mem, "peak": peak,
           "sharding_ok": _cache_sharding_kept(prog, exe)}
 
 
@@ -59,14 +60,16 @@ def _at_depth(cfg: ModelConfig, layers: int) -> ModelConfig:
 
 
 def _extrapolate(a: dict, b: dict, la: int, lb: int, full: int) -> dict:
-  """Returns the record at `full` layers from records at la < lb layers (linear in the layers, stated)."""
+  """Returns the record at `full` layers from records at la < lb layers: bytes linear in the layers (stated);
+  seconds are the two compiles' sum, not extrapolated (on a shared machine they are too noisy to difference)."""
   if a is b:  # compiled once
     return a
   if "error" in a or "error" in b or la == lb:
     return dict(b if "error" not in b else a, depth=lb)
   out = dict(b, depth=full, extrapolated_from=(la, lb))
-  for f in MEMORY_FIELDS + ("peak", "seconds"):
+  for f in MEMORY_FIELDS + ("peak",):
     out[f] = b[f] + (b[f] - a[f]) * (full - lb) / (lb - la)
+  out["seconds"] = a["seconds"] + b["seconds"]
   out["sharding_ok"] = a["sharding_ok"] and b["sharding_ok"]
   return out
 
@@ -86,7 +89,7 @@ def compile_round(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, depths: 
       if i and not prog.layered:  # sampling, lookup, ...: the same program at any depth, compiled once
         recs.append(by_depth[0][j])
         continue
-      rec = dict(compile_one(prog), depth=(lt if prog.side == "target" else ld) if prog.layered else "-")
+      rec = dict(compile_one(prog), depth=(lt if prog.model == "target" else ld) if prog.layered else "-")
       if log:
         log(rec)
       recs.append(rec)
@@ -94,5 +97,5 @@ def compile_round(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, depths: 
   if len(by_depth) == 1:
     return by_depth[0]
   (lt_a, ld_a), (lt_b, ld_b) = runs
-  return [_extrapolate(a, b, *((lt_a, lt_b, tcfg.n_layers) if a["side"] == "target" else (ld_a, ld_b, dcfg.n_layers)))
+  return [_extrapolate(a, b, *((lt_a, lt_b, tcfg.n_layers) if a["model"] == "target" else (ld_a, ld_b, dcfg.n_layers)))
           for a, b in zip(*by_depth)]

@@ -83,7 +83,8 @@ def step_times(tcfg: ModelConfig, dcfg: ModelConfig, tp: int, dev: Device, dtype
   q_bytes = s.batch * s.k * tcfg.vocab_size * 4
   return {"ar": t(1), "verify_sd": t(s.sd_k + 1), "verify": t(s.k + 1),
           "chain_sd": d(2) + (s.sd_k - 1) * d(1), "chain": d(2) + (s.k - 1) * d(1), "draft_step": d(1),
-          "glue": d(s.k + 2), "tree_step": d(n), "transfer": 2 * dev.transfer_us * 1e-6 + q_bytes / (dev.link_gbs * 1e9)}
+          "glue": d(s.k + 2), "tree_step": d(n),
+          "transfer": 2 * dev.transfer_us * 1e-6 + q_bytes / (dev.link_gbs * 1e9)}
 
 
 def tokens_per_second(times: dict, a: float, s: Setting) -> dict:

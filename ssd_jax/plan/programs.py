@@ -32,6 +32,7 @@ class Program:
   static: dict      # static keyword arguments
   cache_in: int | None = None  # index of the KV cache argument (its output sharding must equal its input's)
   mesh: object = None          # the mesh it is lowered under (the target's, or the draft device's own)
+  model: str = ""              # whose layers it runs, 'target' or 'draft' (default: its side's)
 
   @property
   def layered(self) -> bool:
@@ -70,8 +71,8 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
   mesh, tp = layout.mesh, len(layout.target)
   rep, dsh = NamedSharding(mesh, P()), SingleDeviceSharding(layout.draft)
   wdt = jnp.dtype(dtype)
-  tparams = _place(abstract_params(tcfg, dtype), jax.tree.map(lambda s: NamedSharding(mesh, s),
-                                                              param_specs(tcfg, tp), is_leaf=lambda s: isinstance(s, P)))
+  tspecs = jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(tcfg, tp), is_leaf=lambda s: isinstance(s, P))
+  tparams = _place(abstract_params(tcfg, dtype), tspecs)
   dabs = abstract_params(dcfg, dtype)
   dparams = _place(dabs, jax.tree.map(lambda _: dsh, dabs))
   sd_dparams = _place(dabs, jax.tree.map(lambda _: rep, dabs))  # SD: the draft replicated on the target's devices
@@ -120,6 +121,7 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
                          (tparams, tcache, zi, toks((b, sd_k), rep), flts((b, sd_k, v), rep), zb, zkey, f, f), tst, 1))
   progs.append(Program(f"sd.draft_propose (K={sd_k}, on the target mesh)", "target", draft_propose,
                        (sd_dparams, sd_dcache, toks((b, 2), rep), zi, zkey, f, f, f),
-                       dict(cfg=dcfg, attn_impl=attn_impl, platform=tst["platform"], k=sd_k, saguaro_top=0), 1))
+                       dict(cfg=dcfg, attn_impl=attn_impl, platform=tst["platform"], k=sd_k, saguaro_top=0), 1,
+                       model="draft"))
   dmesh = Mesh(np.asarray([layout.draft]), (TP,))
-  return [dataclasses.replace(p, mesh=mesh if p.side == "target" else dmesh) for p in progs]
+  return [dataclasses.replace(p, mesh=mesh if p.side == "target" else dmesh, model=p.model or p.side) for p in progs]

@@ -175,8 +175,8 @@ def facts(tcfg, dcfg, tp: int, dev: Device, dtype: str, s: Setting, prompt: int,
 
 def format_compiled(recs: list, topology: str, dev: Device) -> list[str]:
   """Returns the compiler's view: per program the depth, compile seconds and bytes per device; per side the peak."""
-  lines = [f"Compiled for {topology} with libtpu (GiB per device; 'x->L': compiled at two depths, extrapolated "
-           f"linearly in the layers to L)",
+  lines = [f"Compiled for {topology} (GiB per device; 'a,b->L': compiled at a and b layers, bytes "
+           f"extrapolated linearly to L, compile seconds the two compiles' sum)",
            f"  {'program':<44}{'depth':>9}{'compile s':>10}{'args':>8}{'temp':>8}{'peak':>8}  shardings"]
   for r in recs:
     if "error" in r:
