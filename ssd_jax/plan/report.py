@@ -77,10 +77,12 @@ def speed_plan(tcfg, dcfg, tp: int, dev: Device, dtype: str, s: Setting, accepta
   out = dict(times=times, acceptance=acceptance, estimate=est)
   paper = PAPER.get((tcfg.name, dcfg.name))
   if paper is not None and s.batch == 1:
+    out.update(paper=paper, ratio={m: est[m] / paper[m] for m in ("ar", "sd", "ssd")})
+    if dev.name != "h100-80gb":  # the paper measured on H100s: calibrating another device to it means nothing
+      return out
     scale = paper["ar"] / est["ar"]
     a_sd = acceptance_for_sd(times, s, paper["sd"], scale)
-    out.update(paper=paper, ratio={m: est[m] / paper[m] for m in ("ar", "sd", "ssd")}, ar_scale=scale,
-               calibrated={m: est[m] * scale for m in ("ar", "sd", "ssd")}, acceptance_meeting_sd=a_sd)
+    out.update(ar_scale=scale, calibrated={m: est[m] * scale for m in ("ar", "sd", "ssd")}, acceptance_meeting_sd=a_sd)
     if a_sd is not None:
       out["ssd_at_that_acceptance"] = tokens_per_second(times, a_sd, s)["ssd"] * scale
   return out
@@ -117,9 +119,10 @@ def format_speed(sp: dict, s: Setting, dev: Device) -> list[str]:
            _row(f"estimate at acceptance {sp['acceptance']:.2f}", sp["estimate"])]
   if "paper" in sp:
     p = sp["paper"]
-    lines += [_row(f"paper ({p['where']})", p),
-              _row("estimate / paper", sp["ratio"], "{:8.2f}x"),
-              _row(f"calibrated to the paper's AR (x{sp['ar_scale']:.3f})", sp["calibrated"])]
+    lines += [_row(f"paper ({p['where']})", p), _row("estimate / paper", sp["ratio"], "{:8.2f}x")]
+    if "calibrated" not in sp:
+      return lines + ["  (the paper measured on H100s: no calibration to it on another device)"]
+    lines.append(_row(f"calibrated to the paper's AR (x{sp['ar_scale']:.3f})", sp["calibrated"]))
     a = sp["acceptance_meeting_sd"]
     lines.append("  acceptance at which the calibrated SD meets the paper's: "
                  + (f"{a:.3f}; SSD there: {sp['ssd_at_that_acceptance']:.1f} tok/s (paper {p['ssd']})"
