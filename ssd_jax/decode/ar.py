@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ModelConfig
+from ..kernels.platform import device_platform
 from ..metrics import RequestStats
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, StreamFn, cache_slots, pad_prompts
@@ -44,7 +45,7 @@ class ARDecoder:
     key = rep(jax.random.key(opts.seed))
     temp, top_p = rep(jnp.float32(opts.temperature)), rep(jnp.float32(opts.top_p))
     run = self.programs
-    st = dict(cfg=cfg, attn_impl=self.attn_impl)
+    st = dict(cfg=cfg, attn_impl=self.attn_impl, platform=device_platform(self.placement.target_mesh))
     tokens, lengths = rep(jnp.asarray(tokens)), rep(jnp.asarray(lengths))
     zeros = rep(jnp.zeros((b,), jnp.int32))
     # Compile everything the loop needs before the clock starts.

@@ -1,6 +1,7 @@
 """What every decoder shares: results, batching of ragged prompts, cache sizing, compiled programs, SpecBook."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Sequence
 
@@ -62,6 +63,16 @@ def _placement_key(x):
   return (tuple(sorted(d.id for d in sh.device_set)), hlo)
 
 
+def _mesh_of(leaves):
+  """Returns a context that sets the mesh the arguments live on (the target's tensor-parallel mesh), so that kernels
+  XLA cannot partition (Pallas) split themselves over it (kernels/masked_attention/pallas.py); else no context."""
+  for x in leaves:
+    sh = getattr(x, "sharding", None)
+    if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh.size > 1:
+      return jax.set_mesh(sh.mesh)
+  return contextlib.nullcontext()
+
+
 class Programs:
   """Ahead-of-time compiled programs, keyed by the shapes and static arguments of each call.
 
@@ -101,7 +112,8 @@ class Programs:
     if exe is None:
       import time
       t = time.perf_counter()
-      exe = fn.lower(*args, **static).compile()
+      with _mesh_of(leaves):
+        exe = fn.lower(*args, **static).compile()
       self.compile_seconds += time.perf_counter() - t
       self.compiles += 1
       self._compiled[key] = exe
