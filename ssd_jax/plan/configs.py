@@ -2,7 +2,7 @@
 norms) and the embedded SmolLM2 target; any ssd-jax checkpoint directory too."""
 from __future__ import annotations
 
-from ..config import SMOLLM2_135M
+from ..config import SMOLLM2_135M, ModelConfig
 from ..named_configs import NAMED_CONFIGS
 
 CONFIGS = {**NAMED_CONFIGS, SMOLLM2_135M.name: SMOLLM2_135M}
