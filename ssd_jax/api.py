@@ -156,7 +156,8 @@ class Pipeline:
 
   def step_costs_path(self) -> str:
     """Returns where this machine's step costs for this target and draft are cached (auto_k.measure writes them)."""
-    return auto_k.costs_path(repr(self.target.cfg), repr(self.draft.cfg) if self.draft else "", self.attn_impl)
+    ident = lambda c: f"{c.name}:{getattr(c, 'n_layers', 1)}x{c.d_model}:{c.vocab_size}"  # noqa: E731
+    return auto_k.costs_path(ident(self.target.cfg), ident(self.draft.cfg) if self.draft else "", self.attn_impl)
 
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int | str = "auto", fan_out=3,
