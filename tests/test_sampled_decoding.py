@@ -26,18 +26,18 @@ SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
 @pytest.fixture(scope="module")
 def tiny():
   """test_sd's V=4 pair (untied: a peaked law would leave top_p = 0.7 a single token) and the target on the host."""
-  cfg, tp, dp = v4_pair()
-  return cfg, tp, dp, jax.device_get(tp)
+  cfg, tp, dcfg, dp = v4_pair()
+  return cfg, tp, dcfg, dp, jax.device_get(tp)
 
 
-def _decode(mode, cfg, tp, dp, temperature, top_p, seed):
+def _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed):
   opts = DecodeOptions(max_new_tokens=4, temperature=temperature, top_p=top_p, ignore_eos=True, seed=seed)
   if mode == "ar":
     dec = ARDecoder(cfg, tp)
   elif mode == "sd":
-    dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2))
+    dec = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2))
   else:
-    dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2))
+    dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2))
   return dec.generate([PROMPT] * ROWS, opts)
 
 
@@ -50,9 +50,9 @@ def test_sampled_decoding_follows_the_numpy_law(tiny, mode, temperature, top_p):
   3000 rows over the 64 cells, chi-square at 1e-4: detects w >= 0.18 with power 0.99 (fewer cells after pooling
   only lower that bound); test_end_to_end_power shows the bugs it is for deviate by more.
   """
-  cfg, tp, dp, host = tiny
+  cfg, tp, dcfg, dp, host = tiny
   seed = 1000 + 10 * ["ar", "sd", "ssd"].index(mode) + SETTINGS.index((temperature, top_p))
-  res = _decode(mode, cfg, tp, dp, temperature, top_p, seed)
+  res = _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed)
   seqs = np.asarray([r.token_ids[:3] for r in res])
   if mode == "sd":
     assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
@@ -69,7 +69,7 @@ def test_end_to_end_power(tiny):
   """Each bug the test above is for moves the joint law by more than w = 0.18 on this model in some setting it runs:
   temperature as logits * T (the law at 1/T), the verifier ignoring top_p (tokens 2 and 3 without the nucleus), and
   greedy verification at T > 0 (tokens 2 and 3 the argmax)."""
-  cfg, _, _, host = tiny
+  cfg, _, _, _, host = tiny
   w = detectable_w(ROWS, 64)
   assert w < 0.19
   law = lambda t, tp: ref.joint_law(host, cfg, PROMPT, 3, t, tp)
@@ -89,8 +89,8 @@ def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
   verifier plain q from the tree (cache hits) and from the chain (the neural backup on a miss); this test fails on
   each.
   """
-  cfg, tp, dp, host = tiny
-  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2, saguaro_c=0.1)).generate(
+  cfg, tp, dcfg, dp, host = tiny
+  res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, saguaro_c=0.1)).generate(
       [PROMPT] * ROWS, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1100))
   assert 0.3 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
   counts = np.zeros((4,) * 3)

@@ -102,10 +102,10 @@ def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
 def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
   """As for SD: tokens emitted through SSD rounds (hits and misses) follow the target's joint distribution,
   with plain sampling and with Saguaro sampling (the draft's top set down-weighted by C)."""
-  cfg, tp, dp = v4_pair()
+  cfg, tp, dcfg, dp = v4_pair()
   prompt = [1, 2, 0]
   n = 3000
-  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=1, fan_out=2, saguaro_c=saguaro_c)).generate(
+  res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=1, saguaro_c=saguaro_c)).generate(
       [prompt] * n, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
   assert 0.2 < hr < 0.98  # both hit and miss rounds contribute
@@ -138,9 +138,9 @@ def test_greedy_ssd_backups_and_fan_out_vectors(pair, backup, fan_out, fan_out_m
 @pytest.mark.parametrize("backup", ["fast", "ngram"])
 def test_ssd_temperature_one_exact_with_fast_backups(backup):
   """Fast backups' tokens are not drawn from the draft: they must still give the target's distribution."""
-  cfg, tp, dp = v4_pair()
+  cfg, tp, dcfg, dp = v4_pair()
   prompt = [1, 2, 0, 1, 2]
-  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=1, backup=backup)).generate(
+  res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, backup=backup)).generate(
       [prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=6))
   assert sum(r.stats.extra["backups_used"][backup] for r in res[:1]) >= 1
   assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
