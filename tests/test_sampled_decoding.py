@@ -80,8 +80,8 @@ def test_end_to_end_power(tiny):
 
 
 def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
-  """Saguaro sampling with q' far from q: C = 0.1 on the top F+1 = 3 of 4 tokens, so a verifier handed plain q for
-  tokens drawn from q' accepts the wrong ones. Tokens 4 to 6, which SSD at K=2 emits mostly from speculations served
+  """Saguaro sampling with q' far from q: C = 0.1 on the top F+1 = 2 of the head's 3 tokens, so a verifier handed
+  plain q for tokens drawn from q' accepts the wrong ones. Tokens 4 to 6, which SSD at K=2 emits mostly from speculations served
   out of the cache (the first three come mostly from the first round's own drafts), against the marginal of the
   numpy joint law of six tokens.
 
@@ -92,7 +92,7 @@ def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
   cfg, tp, dcfg, dp, host = tiny
   res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, saguaro_c=0.1)).generate(
       [PROMPT] * ROWS, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1100))
-  assert 0.3 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
+  assert 0.2 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
   counts = np.zeros((4,) * 3)
   np.add.at(counts, tuple(np.asarray([r.token_ids[3:6] for r in res]).T), 1)
   law = ref.joint_law(host, cfg, PROMPT, 6, 1.0, 1.0).sum(axis=(0, 1, 2))
