@@ -131,7 +131,8 @@ def v4():
 
 LAW_SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
 LAW_RUNS = ([("ssd", "neural", t, tp) for t, tp in LAW_SETTINGS] + [("ssd", "fast", 1.0, 1.0)]
-            + [("sd", None, t, tp) for t, tp in ((1.0, 1.0), (0.5, 0.7), (1.5, 1.0))])
+            + [("sd", None, t, tp) for t, tp in ((1.0, 1.0), (0.5, 0.7), (1.5, 1.0))]
+            + [("ssd-processes", "neural", 1.5, 0.7)])
 
 
 @pytest.mark.parametrize("mode,backup,temperature,top_p", LAW_RUNS)
@@ -140,8 +141,9 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
   {0.7, 1}: SSD at every setting (hits from eagle_tree, misses from eagle_propose as the neural backup, which is SD's
   proposal too), the fast backup, and SD itself at three. The joint law of the first three tokens from
   numpy_reference (3000 rows over 64 cells at 1e-4: detects w >= 0.18 with power 0.99, as
-  test_sampled_decoding's). A draft law handed to the verifier without top-p or at another temperature than it was
-  drawn at, or a head row taken for a token id, fails it (scripts/mutation_run.py)."""
+  test_sampled_decoding's). One run puts the draft in its own process, where q crosses the pipe over the head's
+  rows. A draft law handed to the verifier without top-p or at another temperature than it was drawn at, or a head
+  row taken for a token id, fails it (scripts/mutation_run.py)."""
   import numpy_reference as ref
   from test_rejection_sampler import _chi2_pvalue
   cfg, tp, dcfg, dp, host = v4
@@ -152,8 +154,14 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
     res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)).generate([prompt] * 3000, opts)
     assert 0.1 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 0.9
   else:
-    res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2, backup=backup, placement="devices")).generate(
-        [prompt] * 3000, opts)
+    placement = "processes" if mode == "ssd-processes" else "devices"
+    if placement == "processes" and len(os.sched_getaffinity(0)) < 2:
+      pytest.skip("needs two CPU cores")
+    dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2, backup=backup, placement=placement))
+    try:
+      res = dec.generate([prompt] * 3000, opts)
+    finally:
+      dec.close()
     hits = np.mean([r.stats.extra["cache_hit_rate"] > 0 for r in res])
     assert 0.1 < hits < 0.9, hits  # rows served from the speculation cache and rows that missed every time
   counts = np.zeros((4,) * 3)
