@@ -17,6 +17,7 @@ from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
 from ssd_jax.kv_cache import KVCache
 
 from test_rejection_sampler import _chi2_pvalue, detectable_w, effect_size
+from draft_heads import restrict_head
 from test_sd import v4_pair
 
 ROWS, PROMPT = 3000, [1, 2, 0]
@@ -143,13 +144,30 @@ def _numpy_q(logits, temperature, top_p, c, n_top):
   return ref.saguaro_law(ref.sampling_law(logits, temperature, top_p), c, n_top)
 
 
+HEAD48 = np.random.default_rng(5).permutation(64)[:48]  # a shuffled head: 16 token ids outside it
+
+
+def _head_draft():
+  """Returns (cfg, params, host params, head ids) of a V=64 draft whose head is HEAD48."""
+  cfg = tiny_config(vocab_size=64)
+  cfg, params = restrict_head(cfg, model.init_params(jax.random.key(2), cfg, scale=0.3), HEAD48)
+  return cfg, params, jax.device_get(params), HEAD48
+
+
+def _to_ids(law_rows, ids):
+  """Scatters a law over head rows to token ids with the test's own table."""
+  out = np.zeros(law_rows.shape[:-1] + (64,))
+  out[..., ids] = law_rows
+  return out
+
+
 @pytest.mark.parametrize("temperature,top_p,c", [(1.0, 1.0, 0.25), (0.7, 0.8, 0.5), (1.3, 1.0, 1.0)])
 def test_chain_proposal_returns_the_q_it_sampled_from(temperature, top_p, c):
   """draft_propose (SD's draft, SSD's neural backup) returns for each token the law it was drawn from, q': the
-  draft's processed law with its top tokens scaled by C (Saguaro), recomputed here from a numpy forward."""
-  cfg = tiny_config(vocab_size=64)
-  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
-  host = jax.device_get(params)
+  draft's processed law with its top tokens scaled by C (Saguaro), recomputed here from a numpy forward, over a
+  shuffled head and scattered to token ids with the test's own table. (That the tokens are distributed as q:
+  test_proposal_laws.)"""
+  cfg, params, host, ids = _head_draft()
   k, n_top = 3, 3
   texts = [[5, 6, 7, 8], [9, 10]]
   toks, lens = pad_prompts([t[:-1] for t in texts], bucket=8)
@@ -163,17 +181,16 @@ def test_chain_proposal_returns_the_q_it_sampled_from(temperature, top_p, c):
   for r, text in enumerate(texts):
     logits = ref.forward(host, text + drafted[r, :k - 1].tolist(), cfg)
     for i in range(k):
-      want = _numpy_q(logits[len(text) - 1 + i], temperature, top_p, c, n_top)
+      want = _to_ids(_numpy_q(logits[len(text) - 1 + i], temperature, top_p, c, n_top), ids)
       np.testing.assert_allclose(q[r, i], want, rtol=2e-3, atol=2e-6)
       assert want[drafted[r, i]] > 0
 
 
 @pytest.mark.parametrize("temperature,top_p,c", [(1.0, 1.0, 0.25), (0.7, 0.8, 0.5)])
 def test_tree_returns_the_q_it_sampled_from(temperature, top_p, c):
-  """draft_tree's speculation cache holds, for every branch and depth, q' of the token drawn there (numpy law)."""
-  cfg = tiny_config(vocab_size=64)
-  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
-  host = jax.device_get(params)
+  """draft_tree's speculation cache holds, for every branch and depth, q' of the token drawn there (numpy law, over
+  a shuffled head's rows; the token drawn is looked up by id through the test's own table)."""
+  cfg, params, host, ids = _head_draft()
   k, f, n_top = 2, 2, 3
   texts = [[5, 6, 7, 8], [9, 10]]
   spec = np.asarray([[11, 12], [14, 15]], np.int32)
@@ -192,4 +209,4 @@ def test_tree_returns_the_q_it_sampled_from(temperature, top_p, c):
       for d in range(k):
         want = _numpy_q(logits[len(text) + j + d], temperature, top_p, c, n_top)
         np.testing.assert_allclose(tree_q[r, n, d], want, rtol=2e-3, atol=2e-6)
-        assert want[tree_t[r, n, d]] > 0
+        assert _to_ids(want, ids)[tree_t[r, n, d]] > 0
