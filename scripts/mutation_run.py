@@ -5,7 +5,7 @@ tree is never touched) and runs the tests named for it: the run passes when ever
 them fail and the same tests all pass on the unmutated copy. tests/test_mutations.py checks, in the fast suite, that
 every mutation's text still occurs exactly once, so this list cannot go stale silently.
 
-  python scripts/mutation_run.py                 # baseline + every mutation (about 15 minutes on 2 busy cores)
+  python scripts/mutation_run.py                 # baseline + every mutation (most of an hour on 2 busy cores)
   python scripts/mutation_run.py --only NAME...  # some of them; --list names them
   python scripts/mutation_run.py --json-out F    # also write the table as JSON
 """

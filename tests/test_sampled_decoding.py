@@ -92,8 +92,7 @@ def test_sampled_decoding_follows_the_numpy_law(tiny, mode, temperature, top_p):
 RAGGED = ([1, 2, 0], [3, 0, 2, 2, 1, 3, 0])
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 0.7), (1.5, 1.0)])
-@pytest.mark.parametrize("mode", ["sd", "ssd"])
+@pytest.mark.parametrize("mode,temperature,top_p", [("sd", 1.5, 1.0), ("ssd", 1.0, 0.7)])
 def test_ragged_rows_follow_their_own_laws(tiny, mode, temperature, top_p):
   """A batch of prompts of lengths 3 and 7 (alternating rows), whose rows accept different numbers of drafts and
   (SSD) hit or miss in different rounds: each row's first three tokens follow its own prompt's numpy law. 1500 rows
