@@ -5,7 +5,7 @@ tree is never touched) and runs the tests named for it: the run passes when ever
 them fail and the same tests all pass on the unmutated copy. tests/test_mutations.py checks, in the fast suite, that
 every mutation's text still occurs exactly once, so this list cannot go stale silently.
 
-  python scripts/mutation_run.py                 # baseline + every mutation (about 15 minutes on 2 busy cores)
+  python scripts/mutation_run.py                 # baseline + every mutation (most of an hour on 2 busy cores)
   python scripts/mutation_run.py --only NAME...  # some of them; --list names them
   python scripts/mutation_run.py --json-out F    # also write the table as JSON
 """
@@ -27,6 +27,22 @@ SAMPLER = "tests/test_rejection_sampler.py"
 LAW = "tests/test_sampled_decoding.py"
 KEYS = "tests/test_keys.py"
 SSD = "tests/test_ssd.py"
+PROPOSALS = "tests/test_proposal_laws.py"
+EAGLE_LAW = "tests/test_eagle_decode.py::test_eagle_sampled_decoding_follows_the_numpy_law"
+SSD_LAW = f"{LAW}::test_sampled_decoding_follows_the_numpy_law[ssd-1.0-1.0]"  # SSD, neural backup, shuffled head
+SSD_LAW_TOP_P = f"{LAW}::test_sampled_decoding_follows_the_numpy_law[ssd-1.5-0.7]"
+RAGGED = f"{LAW}::test_ragged_rows_follow_their_own_laws"
+VERIFY_KEYS = f"{KEYS}::test_verify_draws_each_rows_uniforms_and_its_bonus_apart"
+PROCESS_LAW = "tests/test_ssd_processes.py::test_split_temperature_one_matches_target_joint_distribution"
+EAGLE_DRAW = "(jax.vmap(sampling.sample)(key, probs) if key.ndim else sampling.sample(key, probs))"
+CHAIN_DRAW = "tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)\n      return tok, "
+
+
+def handed(law: str) -> str:
+  """Returns the text of a draft law q' computed afresh from the logits `lg` with other settings: what a mutation
+  hands the verifier instead of the law its tokens were drawn from."""
+  return f"sampling.saguaro_rescale(sampling.processed_probs({law}), saguaro_c, saguaro_top)"
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +168,60 @@ MUTATIONS = [
              ("tests/test_decode.py::test_eos_ids_normalised_and_checked",
               "tests/test_sd.py::test_greedy_sd_stops_at_the_first_of_several_eos_ids"),
              "only the first id of the end-of-sequence set stops a row (Llama 3's <|eot_id|> would be passed over)"),
+    # Head rows and token ids (the test drafts' heads are shuffled, non-prefix subsets: tests/draft_heads.py).
+    Mutation("compact_q_to_a_prefix", "ssd_jax/decode/steps.py",
+             "return q[..., head_ids]", "return q[..., :head_ids.shape[0]]",
+             (SSD_LAW, PROCESS_LAW),
+             "q compacted to the draft's head (pipe, served backup) takes the first V_out token ids, not head_ids"),
+    Mutation("scatter_q_to_a_prefix", "ssd_jax/model.py",
+             'return out.at[..., params["head_ids"]].set(probs_head)',
+             "return out.at[..., :probs_head.shape[-1]].set(probs_head)",
+             (PROPOSALS, SSD_LAW),
+             "a draft's q over its head rows is scattered to the first V_out token ids instead of head_ids"),
+    Mutation("chain_returns_head_rows", "ssd_jax/decode/steps.py",
+             "return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)",
+             "return tok, model.scatter_to_vocab(params, probs, cfg)",
+             (PROPOSALS, f"{LAW}::test_sampled_decoding_follows_the_numpy_law[sd-1.0-1.0]"),
+             "draft_propose returns head rows as token ids (right only for a prefix head)"),
+    Mutation("tree_returns_head_rows", "ssd_jax/decode/steps.py",
+             "    tok = model.to_token_ids(params, tok, cfg)\n", "    tok = tok\n",
+             (PROPOSALS, SSD_LAW),
+             "draft_tree's speculations hold head rows instead of token ids"),
+    Mutation("eagle_returns_head_rows", "ssd_jax/decode/eagle_steps.py",
+             "return model.to_token_ids(params, tok, cfg), probs", "return tok, probs",
+             (PROPOSALS, EAGLE_LAW + "[ssd-neural-1.0-1.0]"),
+             "an EAGLE draft returns head rows as token ids"),
+    # Each kind of draft hands the verifier the law it drew from, at every temperature and top-p.
+    Mutation("eagle_q_at_temperature_1", "ssd_jax/decode/eagle_steps.py", EAGLE_DRAW + ", probs",
+             EAGLE_DRAW + ", " + handed("lg, 1.0, top_p"), (PROPOSALS, EAGLE_LAW + "[ssd-neural-0.5-0.7]"),
+             "an EAGLE draft draws at temperature T but hands the verifier its law at T = 1"),
+    Mutation("eagle_q_without_top_p", "ssd_jax/decode/eagle_steps.py", EAGLE_DRAW + ", probs",
+             EAGLE_DRAW + ", " + handed("lg, temperature, 1.0"), (PROPOSALS, EAGLE_LAW + "[ssd-neural-1.5-0.7]"),
+             "an EAGLE draft draws from the top-p nucleus but hands the verifier its law without top-p"),
+    Mutation("chain_q_without_top_p", "ssd_jax/decode/steps.py", CHAIN_DRAW + "probs",
+             CHAIN_DRAW + handed("lg, temperature, 1.0"), (PROPOSALS, SSD_LAW_TOP_P),
+             "draft_propose draws from the top-p nucleus but hands the verifier its law without top-p"),
+    Mutation("tree_q_at_temperature_1", "ssd_jax/decode/steps.py", "out_q = out_q.at[:, :, d].set(probs)",
+             f"out_q = out_q.at[:, :, d].set({handed('lg, 1.0, top_p')})", (PROPOSALS, SSD_LAW_TOP_P),
+             "draft_tree draws at temperature T but caches its law at T = 1"),
+    # Ragged rows at T > 0: rows of different prompts accept different numbers of drafts.
+    Mutation("residual_at_row_0s_accept_len", "ssd_jax/sampling.py",
+             "p_k = jnp.take_along_axis(p, accept_len[:, None, None], 1)[:, 0]",
+             "p_k = jnp.take_along_axis(p, jnp.broadcast_to(accept_len[:1], accept_len.shape)[:, None, None], 1)"
+             "[:, 0]",
+             (RAGGED,), "every row's bonus is drawn at row 0's acceptance length (rows of one batch differ)"),
+    # Keys inside one verify.
+    Mutation("verify_uniforms_shared_by_rows", "ssd_jax/sampling.py",
+             "u = jax.random.uniform(ku, (b, k), jnp.float32)",
+             "u = jnp.broadcast_to(jax.random.uniform(ku, (1, k), jnp.float32), (b, k))",
+             (VERIFY_KEYS,), "the verifier's acceptance uniforms are the same for every row"),
+    Mutation("verify_uniforms_and_bonus_one_key", "ssd_jax/sampling.py",
+             "ku, kb = jax.random.split(key)", "ku = kb = key",
+             (VERIFY_KEYS,), "the verifier draws its uniforms and the bonus token from one key"),
+    Mutation("reduced_head_target_accepted", "ssd_jax/decode/options.py",
+             "if target_cfg.head_vocab is not None:", "if False:",
+             ("tests/test_sd.py::test_a_target_with_a_reduced_head_is_rejected",),
+             "check_pair lets a target with a reduced head through (verify reads p by token id)"),
 ]
 
 

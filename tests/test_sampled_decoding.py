@@ -17,6 +17,7 @@ from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
 from ssd_jax.kv_cache import KVCache
 
 from test_rejection_sampler import _chi2_pvalue, detectable_w, effect_size
+from draft_heads import restrict_head
 from test_sd import v4_pair
 
 ROWS, PROMPT = 3000, [1, 2, 0]
@@ -26,50 +27,89 @@ SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
 @pytest.fixture(scope="module")
 def tiny():
   """test_sd's V=4 pair (untied: a peaked law would leave top_p = 0.7 a single token) and the target on the host."""
-  cfg, tp, dp = v4_pair()
-  return cfg, tp, dp, jax.device_get(tp)
+  cfg, tp, dcfg, dp = v4_pair()
+  return cfg, tp, dcfg, dp, jax.device_get(tp)
 
 
-def _decode(mode, cfg, tp, dp, temperature, top_p, seed):
-  opts = DecodeOptions(max_new_tokens=4, temperature=temperature, top_p=top_p, ignore_eos=True, seed=seed)
+def _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed, prompts=(PROMPT,), n_new=4):
+  opts = DecodeOptions(max_new_tokens=n_new, temperature=temperature, top_p=top_p, ignore_eos=True, seed=seed)
   if mode == "ar":
     dec = ARDecoder(cfg, tp)
   elif mode == "sd":
-    dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2))
+    dec = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2))
   else:
-    dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2))
-  return dec.generate([PROMPT] * ROWS, opts)
+    dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2))
+  return dec.generate([list(prompts[r % len(prompts)]) for r in range(ROWS)], opts)
+
+
+def assert_rows_follow_their_laws(res, prompts, host, cfg, temperature, top_p, n_new=3, tail=False):
+  """Chi-square at 1e-4 of the first three tokens of rows (prompts alternating over the rows) against each prompt's
+  numpy joint law, over 64 cells per prompt; with tail=True also tokens 4 to 6 against their marginal law (which
+  SSD emits mostly from speculations served out of its cache)."""
+  from collections import Counter
+  v = cfg.vocab_size
+  counts, probs = [], []
+  for g, prompt in enumerate(prompts):
+    rows = [r.token_ids for i, r in enumerate(res) if i % len(prompts) == g]
+    law = ref.joint_law(host, cfg, list(prompt), 6 if tail else 3, temperature, top_p)
+    parts = [(0, law.sum(axis=(3, 4, 5)) if tail else law)] + ([(3, law.sum(axis=(0, 1, 2)))] if tail else [])
+    for start, part in parts:
+      c = Counter(tuple(t[start:start + 3]) for t in rows)
+      counts.append([c[cell] for cell in np.ndindex((v,) * 3)])
+      probs.append(part.ravel() * len(rows))
+  counts, probs = np.concatenate(counts), np.concatenate(probs)
+  if not tail:
+    assert _chi2_pvalue(counts, probs / probs.sum()) > 1e-4
+    return
+  half = len(counts) // (2 * len(prompts))  # first three and tail, tested apart: they are not independent
+  for part in (0, 1):
+    idx = np.concatenate([np.arange(half) + (2 * g + part) * half for g in range(len(prompts))])
+    assert _chi2_pvalue(counts[idx], probs[idx] / probs[idx].sum()) > 1e-4, ("tokens 4-6" if part else "tokens 1-3")
 
 
 @pytest.mark.parametrize("temperature,top_p", SETTINGS)
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
 def test_sampled_decoding_follows_the_numpy_law(tiny, mode, temperature, top_p):
   """The joint law of the first three tokens (the first from prefill, the others from rounds: SD and SSD at K=2
-  emit them through accepted drafts, residuals and bonuses after all K; SSD through hits and misses).
+  emit them through accepted drafts, residuals and bonuses after all K; SSD through hits and misses). The first
+  speculation is always the backup's, so SSD's tokens 2 and 3 come mostly from it: SSD decodes six and tokens 4 to 6,
+  mostly from speculations served out of the cache, are tested too (their marginal law).
 
   3000 rows over the 64 cells, chi-square at 1e-4: detects w >= 0.18 with power 0.99 (fewer cells after pooling
   only lower that bound); test_end_to_end_power shows the bugs it is for deviate by more.
   """
-  cfg, tp, dp, host = tiny
+  cfg, tp, dcfg, dp, host = tiny
   seed = 1000 + 10 * ["ar", "sd", "ssd"].index(mode) + SETTINGS.index((temperature, top_p))
-  res = _decode(mode, cfg, tp, dp, temperature, top_p, seed)
-  seqs = np.asarray([r.token_ids[:3] for r in res])
+  res = _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed, n_new=6 if mode == "ssd" else 4)
   if mode == "sd":
     assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   if mode == "ssd":
-    hits = np.mean([r.stats.extra["cache_hit_rate"] > 0 for r in res])
-    assert 0.1 < hits < 0.9, hits  # rows served from the speculation cache and rows that missed every time
-  counts = np.zeros((4,) * 3)
-  np.add.at(counts, tuple(seqs.T), 1)
-  law = ref.joint_law(host, cfg, PROMPT, 3, temperature, top_p)
-  assert _chi2_pvalue(counts.ravel(), law.ravel()) > 1e-4
+    hits = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
+    assert 0.2 < hits < 0.9, hits  # rounds served from the speculation cache and rounds the backup drafted
+  assert_rows_follow_their_laws(res, [PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
+
+
+RAGGED = ([1, 2, 0], [3, 0, 2, 2, 1, 3, 0])
+
+
+@pytest.mark.parametrize("mode,temperature,top_p", [("sd", 1.5, 1.0), ("ssd", 1.0, 0.7)])
+def test_ragged_rows_follow_their_own_laws(tiny, mode, temperature, top_p):
+  """A batch of prompts of lengths 3 and 7 (alternating rows), whose rows accept different numbers of drafts and
+  (SSD) hit or miss in different rounds: each row's first three tokens follow its own prompt's numpy law. 1500 rows
+  per prompt, 128 cells at 1e-4: detects w >= 0.21 with power 0.99 over the batch."""
+  cfg, tp, dcfg, dp, host = tiny
+  seed = 1200 + 10 * ["sd", "ssd"].index(mode) + int(2 * temperature)
+  res = _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed, prompts=RAGGED)
+  accept = [np.mean([r.stats.extra["acceptance_rate"] for r in res[g::2]]) for g in (0, 1)]
+  assert min(accept) > 0 and max(accept) < 1
+  assert_rows_follow_their_laws(res, RAGGED, host, cfg, temperature, top_p)
 
 
 def test_end_to_end_power(tiny):
   """Each bug the test above is for moves the joint law by more than w = 0.18 on this model in some setting it runs:
   temperature as logits * T (the law at 1/T), the verifier ignoring top_p (tokens 2 and 3 without the nucleus), and
   greedy verification at T > 0 (tokens 2 and 3 the argmax)."""
-  cfg, _, _, host = tiny
+  cfg, _, _, _, host = tiny
   w = detectable_w(ROWS, 64)
   assert w < 0.19
   law = lambda t, tp: ref.joint_law(host, cfg, PROMPT, 3, t, tp)
@@ -80,8 +120,8 @@ def test_end_to_end_power(tiny):
 
 
 def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
-  """Saguaro sampling with q' far from q: C = 0.1 on the top F+1 = 3 of 4 tokens, so a verifier handed plain q for
-  tokens drawn from q' accepts the wrong ones. Tokens 4 to 6, which SSD at K=2 emits mostly from speculations served
+  """Saguaro sampling with q' far from q: C = 0.1 on the top F+1 = 2 of the head's 3 tokens, so a verifier handed
+  plain q for tokens drawn from q' accepts the wrong ones. Tokens 4 to 6, which SSD at K=2 emits mostly from speculations served
   out of the cache (the first three come mostly from the first round's own drafts), against the marginal of the
   numpy joint law of six tokens.
 
@@ -89,10 +129,10 @@ def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
   verifier plain q from the tree (cache hits) and from the chain (the neural backup on a miss); this test fails on
   each.
   """
-  cfg, tp, dp, host = tiny
-  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2, saguaro_c=0.1)).generate(
+  cfg, tp, dcfg, dp, host = tiny
+  res = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, saguaro_c=0.1)).generate(
       [PROMPT] * ROWS, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1100))
-  assert 0.3 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
+  assert 0.2 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
   counts = np.zeros((4,) * 3)
   np.add.at(counts, tuple(np.asarray([r.token_ids[3:6] for r in res]).T), 1)
   law = ref.joint_law(host, cfg, PROMPT, 6, 1.0, 1.0).sum(axis=(0, 1, 2))
@@ -103,13 +143,30 @@ def _numpy_q(logits, temperature, top_p, c, n_top):
   return ref.saguaro_law(ref.sampling_law(logits, temperature, top_p), c, n_top)
 
 
+HEAD48 = np.random.default_rng(5).permutation(64)[:48]  # a shuffled head: 16 token ids outside it
+
+
+def _head_draft():
+  """Returns (cfg, params, host params, head ids) of a V=64 draft whose head is HEAD48."""
+  cfg = tiny_config(vocab_size=64)
+  cfg, params = restrict_head(cfg, model.init_params(jax.random.key(2), cfg, scale=0.3), HEAD48)
+  return cfg, params, jax.device_get(params), HEAD48
+
+
+def _to_ids(law_rows, ids):
+  """Scatters a law over head rows to token ids with the test's own table."""
+  out = np.zeros(law_rows.shape[:-1] + (64,))
+  out[..., ids] = law_rows
+  return out
+
+
 @pytest.mark.parametrize("temperature,top_p,c", [(1.0, 1.0, 0.25), (0.7, 0.8, 0.5), (1.3, 1.0, 1.0)])
 def test_chain_proposal_returns_the_q_it_sampled_from(temperature, top_p, c):
   """draft_propose (SD's draft, SSD's neural backup) returns for each token the law it was drawn from, q': the
-  draft's processed law with its top tokens scaled by C (Saguaro), recomputed here from a numpy forward."""
-  cfg = tiny_config(vocab_size=64)
-  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
-  host = jax.device_get(params)
+  draft's processed law with its top tokens scaled by C (Saguaro), recomputed here from a numpy forward, over a
+  shuffled head and scattered to token ids with the test's own table. (That the tokens are distributed as q:
+  test_proposal_laws.)"""
+  cfg, params, host, ids = _head_draft()
   k, n_top = 3, 3
   texts = [[5, 6, 7, 8], [9, 10]]
   toks, lens = pad_prompts([t[:-1] for t in texts], bucket=8)
@@ -123,17 +180,16 @@ def test_chain_proposal_returns_the_q_it_sampled_from(temperature, top_p, c):
   for r, text in enumerate(texts):
     logits = ref.forward(host, text + drafted[r, :k - 1].tolist(), cfg)
     for i in range(k):
-      want = _numpy_q(logits[len(text) - 1 + i], temperature, top_p, c, n_top)
+      want = _to_ids(_numpy_q(logits[len(text) - 1 + i], temperature, top_p, c, n_top), ids)
       np.testing.assert_allclose(q[r, i], want, rtol=2e-3, atol=2e-6)
       assert want[drafted[r, i]] > 0
 
 
 @pytest.mark.parametrize("temperature,top_p,c", [(1.0, 1.0, 0.25), (0.7, 0.8, 0.5)])
 def test_tree_returns_the_q_it_sampled_from(temperature, top_p, c):
-  """draft_tree's speculation cache holds, for every branch and depth, q' of the token drawn there (numpy law)."""
-  cfg = tiny_config(vocab_size=64)
-  params = model.init_params(jax.random.key(2), cfg, scale=0.3)
-  host = jax.device_get(params)
+  """draft_tree's speculation cache holds, for every branch and depth, q' of the token drawn there (numpy law, over
+  a shuffled head's rows; the token drawn is looked up by id through the test's own table)."""
+  cfg, params, host, ids = _head_draft()
   k, f, n_top = 2, 2, 3
   texts = [[5, 6, 7, 8], [9, 10]]
   spec = np.asarray([[11, 12], [14, 15]], np.int32)
@@ -152,4 +208,4 @@ def test_tree_returns_the_q_it_sampled_from(temperature, top_p, c):
       for d in range(k):
         want = _numpy_q(logits[len(text) + j + d], temperature, top_p, c, n_top)
         np.testing.assert_allclose(tree_q[r, n, d], want, rtol=2e-3, atol=2e-6)
-        assert want[tree_t[r, n, d]] > 0
+        assert _to_ids(want, ids)[tree_t[r, n, d]] > 0

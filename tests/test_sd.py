@@ -10,6 +10,8 @@ from ssd_jax import model
 from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 
+from draft_heads import V4_HEAD, restrict_head
+
 
 def _perturbed(params, scale, seed):
   """A draft that agrees with the target often but not always (partial acceptance exercises rollback)."""
@@ -20,11 +22,14 @@ def _perturbed(params, scale, seed):
 
 
 def v4_pair():
-  """A V=4 target and a draft noticeably different from it, for the laws at T > 0. Untied embeddings: with tied ones
-  a tiny model repeats its last token with probability ~0.99, and a law that peaked leaves a test little to see."""
+  """Returns (cfg, target params, draft cfg, draft params): a V=4 target and a draft noticeably different from it,
+  for the laws at T > 0. Untied embeddings: with tied ones a tiny model repeats its last token with probability
+  ~0.99, and a law that peaked leaves a test little to see. The draft's head is draft_heads.V4_HEAD (shuffled, token 1
+  left out), as a trained draft's is not a prefix of the vocabulary."""
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
-  return cfg, tp, _perturbed(tp, 0.3, 5)
+  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.3, 5), V4_HEAD)
+  return cfg, tp, dcfg, dp
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +67,15 @@ def test_greedy_sd_equals_greedy_ar(pair, k, draft_kind):
 
 def test_greedy_sd_with_reduced_vocab_draft_and_eos(pair):
   cfg, tp = pair
-  dcfg = tiny_config(vocab_size=64, head_vocab=40)
-  dp = _perturbed(model.init_params(jax.random.key(3), dcfg, scale=0.3), 0.0, 0)
+  # The target, perturbed, cut to a shuffled head of 40 tokens: it agrees often enough for accepted drafts to matter.
+  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.06, 1), np.random.default_rng(0).permutation(64)[:40])
   ar = ARDecoder(cfg, tp).generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True))
   eos = ar[0].token_ids[5]
   opts = DecodeOptions(max_new_tokens=15, eos_id=eos)
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
-  got = [r.token_ids for r in SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=3)).generate(PROMPTS, opts)]
-  assert got == want
+  res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=3)).generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == want
+  assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
 
 
 def cut_at_first(tokens, stops):
@@ -105,10 +111,10 @@ def test_sd_temperature_one_matches_target_joint_distribution():
   V=4, one prompt repeated over 3000 rows (independent per-row randomness); the exact target joint of the first
   three tokens is enumerated from full forwards. Chi-square over the 64 cells at false-alarm rate 1e-4.
   """
-  cfg, tp, dp = v4_pair()
+  cfg, tp, dcfg, dp = v4_pair()
   prompt = [1, 2, 0]
   n = 3000
-  res = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2)).generate(
+  res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)).generate(
       [prompt] * n, DecodeOptions(max_new_tokens=3, temperature=1.0, ignore_eos=True, seed=3))
   seqs = np.asarray([r.token_ids for r in res])
   assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
@@ -139,6 +145,25 @@ def test_sd_bad_input(pair):
   other = tiny_config(vocab_size=65)
   with pytest.raises(ValueError, match="vocabulary"):
     SDDecoder(cfg, tp, other, model.init_params(jax.random.key(0), other), SpecOptions(k=2))
+
+
+@pytest.mark.parametrize("decoder", ["sd", "ssd"])
+def test_a_target_with_a_reduced_head_is_rejected(pair, decoder):
+  """verify indexes p by token id and draws the bonus over p's rows: a target whose head holds only some tokens
+  would accept and emit the wrong ones, so it is refused up front. SD never reads the fan-out: a draft with a small
+  head is no reason to refuse it."""
+  from ssd_jax.decode import SSDDecoder
+  cfg, tp = pair
+  rcfg, rp = restrict_head(cfg, tp, np.random.default_rng(1).permutation(64)[:40])
+  make = SDDecoder if decoder == "sd" else SSDDecoder
+  with pytest.raises(ValueError, match="reduced head"):
+    make(rcfg, rp, cfg, tp, SpecOptions(k=2, fan_out=1))
+  small, sp = restrict_head(cfg, tp, (5, 1, 2))
+  if decoder == "sd":
+    SDDecoder(cfg, tp, small, sp, SpecOptions(k=2, fan_out=3))
+  else:
+    with pytest.raises(ValueError, match="fan-out"):
+      SSDDecoder(cfg, tp, small, sp, SpecOptions(k=2, fan_out=3))
 
 
 def test_acceptance_statistics_count_tried_drafts():

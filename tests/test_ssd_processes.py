@@ -11,6 +11,7 @@ from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.decode.draft_process import split_cores
 
+from draft_heads import V4_HEAD, restrict_head
 from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
@@ -62,16 +63,14 @@ def test_split_greedy_equals_ar(pair):
 
 
 def test_split_temperature_one_matches_target_joint_distribution():
-  """Hits, neural-backup misses, and q compacted to a reduced head vocabulary: still the target's distribution."""
+  """Hits, neural-backup misses, and q compacted to the draft's head for the pipe and scattered back on the target's
+  side: still the target's distribution. The head is draft_heads.V4_HEAD (shuffled, token 1 left out: only the
+  residual emits it), so a row taken for a token id on either side of the pipe changes the law."""
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
-  dcfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, head_vocab=3)
-  # The perturbed target, its output restricted to tokens 0..2 (token 3 only ever comes from the residual).
-  near = _perturbed(tp, 0.5, 5)
-  dp = dict(model.init_params(jax.random.key(12), dcfg), layers=near["layers"], final_norm=near["final_norm"],
-            embed=near["embed"][:3])
+  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.5, 5), V4_HEAD)
   prompt = [1, 2, 0]
-  dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=2, placement="processes"))
+  dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=1, placement="processes"))
   try:
     res = dec.generate([prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   finally:

@@ -167,14 +167,19 @@ class SpecOptions:
     return max(max(self.fan_out), max(self.fan_out_miss))
 
 
-def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOptions) -> None:
-  """Raises ValueError for a draft that cannot speculate for this target with these options."""
+def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOptions, tree: bool = True) -> None:
+  """Raises ValueError for a draft that cannot speculate for this target with these options (tree: SSD's, whose
+  fan-out must fit the draft's head; SD reads only K)."""
+  if target_cfg.head_vocab is not None:
+    # verify reads p by token id and draws the bonus over p's rows: both need p over the whole vocabulary.
+    raise ValueError(f"the target {target_cfg.name!r} has a reduced head ({target_cfg.head_vocab} of "
+                     f"{target_cfg.vocab_size} tokens); speculative decoding verifies with a full-vocabulary target")
   if draft_cfg.vocab_size != target_cfg.vocab_size:
     raise ValueError(f"draft vocabulary ({draft_cfg.vocab_size}) differs from the target's ({target_cfg.vocab_size})")
   if getattr(draft_cfg, "kind", None) == "eagle":
     from ..eagle import check_target
     check_target(draft_cfg, target_cfg)
-  if spec.widest > draft_cfg.out_vocab - 1:
+  if tree and spec.widest > draft_cfg.out_vocab - 1:
     raise ValueError(f"fan-out {spec.widest} exceeds the draft's vocabulary")
 
 

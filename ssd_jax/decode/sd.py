@@ -29,7 +29,7 @@ class SDDecoder:
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params,
                spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None):
-    check_pair(target_cfg, draft_cfg, spec)
+    check_pair(target_cfg, draft_cfg, spec, tree=False)
     self.placement = pl = placement or make_placement(1, 0)
     self.tcfg, self.k, self.attn_impl = target_cfg, spec.k, attn_impl
     self.context = min(target_cfg.max_seq_len, draft_cfg.max_seq_len)
