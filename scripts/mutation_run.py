@@ -151,7 +151,8 @@ MUTATIONS = [
               f"{SSD}::test_ssd_temperature_one_exact_with_fast_backups"),
              "rows that hit keep their cached tokens but get the backup's q"),
     Mutation("eagle_ignores_verify_features", "ssd_jax/decode/draft.py",
-             "self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start))",
+             "self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start),\n"
+             "                         platform=self.platform)",
              "self.hist = self.hist",
              ("tests/test_eagle_decode.py",), "an EAGLE draft drops the target features each verify returns"),
     Mutation("eos_only_at_the_bonus", "ssd_jax/decode/base.py",
