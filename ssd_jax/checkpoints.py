@@ -87,14 +87,51 @@ def _abstract_params(cfg):
   return jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
 
 
-def load_checkpoint(directory: str):
-  """Returns (config, params as float32 jax arrays on the default device) from a directory written by
-  save_checkpoint. An EAGLE draft's params come without the target's parts (eagle.attach_target adds them)."""
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def param_dtype(dtype: str | None, stored) -> np.dtype:
+  """Returns the dtype a floating param stored as `stored` takes on device under `dtype` (one of DTYPES).
+
+  'auto' keeps the checkpoint's dtype on accelerators (16-bit weights halve the bytes every step streams) and gives
+  float32 on a CPU: there XLA runs bfloat16/float16 products about 10x slower than float32 (420 ms against 42 ms a
+  SmolLM2 step, docs/design.md) and the few-row C++ kernel that makes verify cheap takes float32 only.
+  """
   import jax
-  import jax.numpy as jnp
+  import ml_dtypes
+
+  if dtype not in DTYPES and dtype is not None:
+    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+  if dtype in (None, "auto"):
+    if jax.default_backend() == "cpu" or np.dtype(stored) == np.float64:
+      return np.dtype(np.float32)
+    return np.dtype(stored)
+  return np.dtype(getattr(ml_dtypes, dtype, dtype))
+
+
+def cast_params(params, dtype: str | None):
+  """Returns params with each floating array in param_dtype(dtype, its dtype); integer arrays are left alone. Works
+  on numpy and jax arrays without moving them."""
+  import jax
+
+  def cast(x):
+    if not np.issubdtype(x.dtype, np.floating) and x.dtype.name not in ("bfloat16", "float16"):
+      return x
+    dt = param_dtype(dtype, x.dtype)
+    return x if x.dtype == dt else x.astype(dt)
+  return jax.tree.map(cast, params)
+
+
+def load_checkpoint(directory: str, dtype: str | None = "auto"):
+  """Returns (config, params as jax arrays on the default device) from a directory written by save_checkpoint,
+  floating arrays in param_dtype(dtype, stored dtype). An EAGLE draft's params come without the target's parts
+  (eagle.attach_target adds them)."""
+  import jax
   import orbax.checkpoint as ocp
 
   directory = os.path.abspath(directory)
+  if dtype not in DTYPES and dtype is not None:
+    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path) or not os.path.isdir(os.path.join(directory, "params")):
     raise CheckpointError(f"{directory} is not an ssd-jax checkpoint (needs config.json and params/)")
@@ -105,12 +142,10 @@ def load_checkpoint(directory: str):
     stored = ckptr.metadata(os.path.join(directory, "params"))
     stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)
-    # Restore in the stored dtype (16-bit drafts), then widen floating arrays to float32 for compute.
+    # Restore in the stored dtype (16-bit drafts), then give floating arrays the dtype asked for.
     abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
                             stored)
-    params = ckptr.restore(os.path.join(directory, "params"), abstract)
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                          params)
+    params = cast_params(ckptr.restore(os.path.join(directory, "params"), abstract), dtype)
   except CheckpointError:
     raise
   except Exception as e:
@@ -170,25 +205,28 @@ def resolve_model_dir(name_or_path: str) -> str:
   return name_or_path
 
 
-def load_model(name_or_path: str):
-  """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory."""
+def load_model(name_or_path: str, dtype: str | None = "auto"):
+  """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory;
+  floating params in param_dtype(dtype, their stored dtype)."""
   import jax
 
   from .tokenizer import TextTokenizer, tokenizer_from_gguf_meta
 
+  if dtype not in DTYPES and dtype is not None:
+    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
   path = resolve_model_dir(name_or_path)
   tok_path = os.path.join(path, "tokenizer.json")
   tok = None
   if path.endswith(".gguf"):
     cfg, params, meta = read_gguf(path)
-    params = jax.device_put(params)
+    params = jax.device_put(cast_params(params, dtype))
     tok = TextTokenizer(tokenizer_from_gguf_meta(meta)) if "tokenizer.ggml.tokens" in meta else None
     return cfg, params, tok
   if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
     cfg, params = read_hf_safetensors(path)
-    params = jax.device_put(params)
+    params = jax.device_put(cast_params(params, dtype))
   else:
-    cfg, params = load_checkpoint(path)
+    cfg, params = load_checkpoint(path, dtype)
   if os.path.exists(tok_path):
     tok = TextTokenizer.from_file(tok_path)
   return cfg, params, tok

@@ -27,6 +27,7 @@ import numpy as np
 from .config import ModelConfig, RopeScaling
 from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
 from .kv_cache import KVCache
+from . import quant
 
 
 # XLA:CPU sends a product with a few rows (2..~64) through a GEMM that packs the whole weight matrix first, costing
@@ -48,11 +49,20 @@ def _use_rows_kernel(x: jax.Array, w: jax.Array) -> bool:
           and jax.default_backend() == "cpu" and rows_matmul.available())
 
 
-def dense(x: jax.Array, w: jax.Array) -> jax.Array:
-  """Returns x @ w for x [..., K], w [K, N] (1..ROWS_KERNEL_MAX rows on CPU: the streaming kernel; else XLA's)."""
+def dense(x: jax.Array, w) -> jax.Array:
+  """Returns x @ w in x's dtype for x [..., K], w [K, N] (an array or an Int8Weight).
+
+  1..ROWS_KERNEL_MAX float32 rows on CPU: the streaming kernel; float32 x float32 otherwise: XLA's product as before
+  (SmolLM2's numbers unchanged); any 16-bit operand: the product accumulates in float32 (preferred_element_type), as
+  a 16-bit accumulator would lose the low bits of long sums.
+  """
+  if isinstance(w, quant.Int8Weight):
+    return quant.int8_dense(x, w)
   if _use_rows_kernel(x, w):
     return rows_matmul.rows_matmul(x, w)
-  return x @ w
+  if x.dtype == jnp.float32 and w.dtype == jnp.float32:
+    return x @ w
+  return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -200,8 +210,16 @@ def lm_head(params, x, cfg: ModelConfig):
   if cfg.tie_embeddings:
     if _use_rows_kernel(x, params["embed"]):
       return rows_matmul.rows_matmul(x, params["embed"], transposed=True)
-    return jnp.einsum("...d,vd->...v", x, params["embed"]).astype(jnp.float32)
-  return dense(x, params["lm_head"]).astype(jnp.float32)
+    if x.dtype == jnp.float32 and params["embed"].dtype == jnp.float32:
+      return jnp.einsum("...d,vd->...v", x, params["embed"])
+    return jnp.einsum("...d,vd->...v", x, params["embed"], preferred_element_type=jnp.float32)
+  head = params["lm_head"]
+  if isinstance(head, quant.Int8Weight):
+    return quant.int8_dense(x, head, out_dtype=jnp.float32)
+  if x.dtype == jnp.float32 and head.dtype == jnp.float32:
+    return dense(x, head)
+  # 16-bit: the logits keep the float32 accumulator (rounding them to 16 bits would make near-ties exact ties).
+  return jnp.matmul(x, head, preferred_element_type=jnp.float32)
 
 
 def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,

@@ -1,6 +1,7 @@
 """Reading other projects' model files: llama.cpp GGUF files and Hugging Face safetensors directories.
 
-Both give numpy float32 params in our layout (model.py: [in, out] matrices, rotate-half RoPE). What their configs
+Both give numpy params in our layout (model.py: [in, out] matrices, rotate-half RoPE): safetensors in the dtype
+each tensor is stored in, GGUF in float32 (its quantized blocks have no 16-bit form to keep). What their configs
 mean, and what we refuse to compute, is families.py's.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from .families import CheckpointError, gguf_model_config, hf_model_config
 
-# Safetensors dtypes we widen to float32; anything else (integer or 8-bit quantized weights) is refused.
+# Safetensors dtypes we read, each kept as stored (float64, which no accelerator computes in, narrows to float32);
+# anything else (integer or 8-bit quantized weights) is refused.
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16"}
 
 
@@ -34,7 +36,9 @@ def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def read_gguf(path: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3)."""
+  """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3).
+
+  float32 even for F16/BF16 tensors: dequantize() widens every GGUF type; `load_model(..., dtype=)` narrows."""
   from gguf import GGUFReader
   from gguf.quants import dequantize
   from tqdm.auto import tqdm
@@ -117,9 +121,17 @@ def _safetensors_header(path: str) -> tuple[dict, int]:
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """Returns the tensors of one safetensors file as float32 numpy arrays (float32/16, bfloat16 or float64 on disk).
+  """Returns the tensors of one safetensors file as numpy arrays in their stored dtype (float32/16, bfloat16; float64
+  narrows to float32), each read into memory.
 
   Parsed here rather than by safetensors.numpy, which cannot give bfloat16 (numpy has no such dtype)."""
+  return {name: np.array(view) for name, view in safetensors_views(path).items()}
+
+
+def safetensors_views(path: str) -> dict[str, np.ndarray]:
+  """Returns the tensors of one safetensors file as read-only memory-mapped numpy views in their stored dtype
+  (float64 narrows to float32, copying): nothing is read until a view is used, so a loader can place one tensor at
+  a time."""
   import ml_dtypes
 
   header, start = _safetensors_header(path)
@@ -134,12 +146,14 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     shape = tuple(info["shape"])
     if end - begin != int(np.prod(shape)) * dt.itemsize or end > data.size:
       raise CheckpointError(f"{path}: tensor {name} does not fit its offsets (truncated or corrupt file)")
-    out[name] = np.asarray(data[begin:end]).view(dt).reshape(shape).astype(np.float32)
+    view = data[begin:end].view(dt).reshape(shape)
+    out[name] = view.astype(np.float32) if dt == np.float64 else view
   return out
 
 
 def read_hf_safetensors(directory: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32) from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory."""
+  """Returns (ModelConfig, numpy params in their stored dtypes) from a Hugging Face Llama/Mistral/Qwen2/Qwen3
+  directory."""
   from tqdm.auto import tqdm
 
   cfg_path = os.path.join(directory, "config.json")

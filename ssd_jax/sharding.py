@@ -152,8 +152,15 @@ class Placement:
   def shard_target(self, params, cfg: ModelConfig):
     """Returns the target params placed on the target mesh by the rules above."""
     specs = param_specs(cfg, self.tp)
-    return jax.tree.map(lambda x, s: self.put(x, NamedSharding(self.target_mesh, s)), params, specs,
-                        is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(lambda s, x: self.put_param(x, s), specs, params, is_leaf=lambda s: isinstance(s, P))
+
+  def put_param(self, x, spec: P):
+    """Returns one param placed by `spec`; an int8 matrix's scales [N] are split like its output columns."""
+    from .quant import Int8Weight
+    if isinstance(x, Int8Weight):
+      return Int8Weight(q=self.put(x.q, NamedSharding(self.target_mesh, spec)),
+                        scale=self.put(x.scale, NamedSharding(self.target_mesh, P(spec[1] if len(spec) > 1 else None))))
+    return self.put(x, NamedSharding(self.target_mesh, spec))
 
   def target_cache(self, cfg: ModelConfig, batch: int, slots: int, dtype) -> KVCache:
     """Returns an empty target KV cache, sharded by KV heads where they divide the mesh."""

@@ -64,7 +64,7 @@ class DraftModel:
     """
     put, b = self.put, tokens.shape[0]
     self._settings(opts, k, saguaro_c, saguaro_top)
-    self.cache = put(KVCache.init(self.cfg, b, slots, jnp.float32))
+    self.cache = put(KVCache.init(self.cfg, b, slots, self.params["embed"].dtype))  # follows the params
     self.tokens, self.lengths = put(jnp.asarray(tokens)), put(jnp.asarray(lengths))
     z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, k)))
     key = put(jax.random.key(0))
@@ -119,7 +119,7 @@ class EagleDraftModel(DraftModel):
     put, b = self.put, tokens.shape[0]
     self._settings(opts, k, saguaro_c, saguaro_top)
     self.window = k + 1
-    self.cache = put(KVCache.init(self.cfg, b, slots, jnp.float32))
+    self.cache = put(KVCache.init(self.cfg, b, slots, self.params["embed"].dtype))  # follows the params
     self.hist = put(init_hist(self.cfg, b, slots))
     self.tokens = put(jnp.asarray(tokens))
     f = self.cfg.feature_dim
