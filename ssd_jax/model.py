@@ -214,8 +214,6 @@ def lm_head(params, x, cfg: ModelConfig):
       return jnp.einsum("...d,vd->...v", x, params["embed"])
     return jnp.einsum("...d,vd->...v", x, params["embed"], preferred_element_type=jnp.float32)
   head = params["lm_head"]
-  if isinstance(head, quant.Int8Weight):
-    return quant.int8_dense(x, head, out_dtype=jnp.float32)
   if x.dtype == jnp.float32 and head.dtype == jnp.float32:
     return dense(x, head)
   # 16-bit: the logits keep the float32 accumulator (rounding them to 16 bits would make near-ties exact ties).

@@ -1,8 +1,9 @@
 """Weight-only int8: per-output-channel int8 matrices with float32 scales, dequantized inside the product.
 
-What it is for: Llama-3.1-70B is ~141 GB in bfloat16 and ~71 GB with its matrices in int8, which is what fits a
-128 GB TPU slice with a KV cache. Only the per-layer matrices and an untied LM head are quantized: the embedding
-(and a tied head) is a gather as well as a product, is 1-2% of a large model's bytes, and stays in its own dtype.
+What it is for: Llama-3.1-70B is ~141 GB in bfloat16 and ~72 GB with its layer matrices in int8, which is what fits
+a 128 GB TPU slice with a KV cache. Only the per-layer matrices are quantized: the embedding and the LM head are
+1.5% of a 70B model's bytes, the head's rounding would land directly on the logits (and on near-ties), and an EAGLE
+draft reads the target's head rows; they stay in their own dtype.
 
 The product is portable jnp on every backend: `x @ q.astype(x.dtype)` accumulated in float32, then times the
 column scales (exact algebra: scaling a column after the sum equals scaling each weight before it). XLA fuses the
@@ -59,18 +60,15 @@ def int8_dense(x: jax.Array, w: Int8Weight, out_dtype=None) -> jax.Array:
 
 
 def quantize_params(params: dict, weights: str = "int8") -> dict:
-  """Returns params with every layer matrix (and an untied lm_head) replaced by its Int8Weight ('int8'), or params
-  unchanged ('full'). Quantizing int8 params again is refused."""
+  """Returns params with every layer matrix replaced by its Int8Weight ('int8'), or params unchanged ('full').
+  Quantizing int8 params again is refused."""
   if weights not in WEIGHT_FORMATS:
     raise ValueError(f"unknown weight format {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
   if weights == "full":
     return params
   if is_quantized(params):
     raise ValueError("params are already int8")
-  out = dict(params, layers=[dict(lp, **{k: quantize_int8(lp[k]) for k in LAYER_MATRICES}) for lp in params["layers"]])
-  if "lm_head" in params:
-    out["lm_head"] = quantize_int8(params["lm_head"])
-  return out
+  return dict(params, layers=[dict(lp, **{k: quantize_int8(lp[k]) for k in LAYER_MATRICES}) for lp in params["layers"]])
 
 
 def is_quantized(params: dict) -> bool:
