@@ -17,6 +17,7 @@ import os
 from typing import Callable, Sequence
 
 import numpy as np
+from jax.sharding import Mesh
 
 from . import checkpoints, defaults, quant
 from .config import ModelConfig
@@ -253,14 +254,14 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   if weights not in quant.WEIGHT_FORMATS:
     raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(quant.WEIGHT_FORMATS)}")
   placement = make_placement(target_devices, draft_devices)
-  tcfg, tparams, tok = checkpoints.load_model(target, dtype)
+  tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
   tparams = quant.quantize_params(tparams, weights)
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None
   path = draft_dir(draft)
   if path is not None:
-    dcfg, dparams, _ = checkpoints.load_model(path, dtype)
+    dcfg, dparams, _ = checkpoints.load_model(path, dtype, mesh=Mesh(np.asarray([placement.draft_device]), ("tp",)))
     if getattr(dcfg, "kind", None) == "eagle":  # an EAGLE draft reads with the target's embedding and head
       from .eagle import attach_target, check_target
       check_target(dcfg, tcfg)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .families import CheckpointError
-from .model_files import read_gguf, read_hf_safetensors
+from .model_files import read_gguf
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
@@ -205,9 +205,10 @@ def resolve_model_dir(name_or_path: str) -> str:
   return name_or_path
 
 
-def load_model(name_or_path: str, dtype: str | None = "auto"):
+def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
   """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory;
-  floating params in param_dtype(dtype, their stored dtype)."""
+  floating params in param_dtype(dtype, their stored dtype). An HF directory loads tensor by tensor straight onto
+  `mesh` (1-D, axis "tp"; default: the first device) by sharding.param_specs (sharded_load.py)."""
   import jax
 
   from .tokenizer import TextTokenizer, tokenizer_from_gguf_meta
@@ -223,8 +224,11 @@ def load_model(name_or_path: str, dtype: str | None = "auto"):
     tok = TextTokenizer(tokenizer_from_gguf_meta(meta)) if "tokenizer.ggml.tokens" in meta else None
     return cfg, params, tok
   if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
-    cfg, params = read_hf_safetensors(path)
-    params = jax.device_put(cast_params(params, dtype))
+    from jax.sharding import Mesh
+
+    from .sharded_load import load_hf_sharded
+    cfg, params = load_hf_sharded(path, mesh if mesh is not None else Mesh(np.asarray(jax.devices()[:1]), ("tp",)),
+                                  dtype)
   else:
     cfg, params = load_checkpoint(path, dtype)
   if os.path.exists(tok_path):
