@@ -1,10 +1,11 @@
 """Loading a Hugging Face safetensors directory straight onto a mesh: tensor by tensor, shard by shard, each in its
 own dtype, so the host never holds the model (nor a float32 copy of it).
 
-Each param is built by `jax.make_array_from_callback` with the NamedSharding `sharding.param_specs` gives it; the
-callback reads from the file only the rows the shard needs, in bounded chunks, with plain file reads (a memory map
-would leave every page it touched resident). Peak host memory is then one chunk plus one shard, on top of what the
-devices hold (on a CPU "device" that is host memory too).
+Each param gets the NamedSharding `sharding.param_specs` gives it; each of its shards is read from the file (only the
+rows it needs, in bounded chunks, with plain file reads: a memory map would leave every page it touched resident),
+put on its device, and dropped, then the shards are assembled (`make_array_from_single_device_arrays`). Peak host
+memory is then about one shard (twice for a transposed one) on top of what the devices hold (on a CPU "device"
+that is host memory too). Multi-process meshes read only this process's shards.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def read_block(entry, rows: slice, cols: slice | None) -> np.ndarray:
   r0, r1, _ = rows.indices(shape[0])
   width = int(np.prod(shape[1:])) if len(shape) > 1 else 1
   per = max(1, CHUNK_BYTES // (width * dt.itemsize))
-  parts = []
+  out_cols = len(range(*cols.indices(shape[1]))) if cols is not None else None
+  out = np.empty((r1 - r0,) + ((out_cols,) if cols is not None else tuple(shape[1:])), dt)  # filled in place
   with open(path, "rb") as f:
     for a in range(r0, r1, per):
       n = min(per, r1 - a)
@@ -51,8 +53,8 @@ def read_block(entry, rows: slice, cols: slice | None) -> np.ndarray:
       if raw.size != n * width * dt.itemsize:
         raise CheckpointError(f"{path}: file ends inside a tensor (truncated)")
       block = raw.view(dt).reshape((n,) + tuple(shape[1:]))
-      parts.append(np.array(block[:, cols]) if cols is not None else block)
-  return np.concatenate(parts) if parts else np.zeros((0,) + tuple(shape[1:]), dt)
+      out[a - r0:a - r0 + n] = block[:, cols] if cols is not None else block
+  return out
 
 
 def _shard_reader(entry, transposed: bool, dtype):
@@ -60,11 +62,11 @@ def _shard_reader(entry, transposed: bool, dtype):
   when `transposed`: our columns are the file's rows, so column shards read contiguous bytes)."""
   def read(idx):
     if len(entry[2]) == 1:
-      return read_block(entry, idx[0], None).astype(dtype)
+      return read_block(entry, idx[0], None).astype(dtype, copy=False)
     ours_rows, ours_cols = idx
     if transposed:
-      return np.ascontiguousarray(read_block(entry, ours_cols, ours_rows).T).astype(dtype)
-    return read_block(entry, ours_rows, ours_cols).astype(dtype)
+      return np.ascontiguousarray(read_block(entry, ours_cols, ours_rows).T).astype(dtype, copy=False)
+    return read_block(entry, ours_rows, ours_cols).astype(dtype, copy=False)
   return read
 
 
@@ -89,8 +91,12 @@ def load_hf_sharded(directory: str, mesh, dtype: str | None = "auto"):
     name, transposed = entry
     stored = index[name]
     shape = tuple(reversed(stored[2])) if transposed else stored[2]
-    dt = param_dtype(dtype, stored[1])
-    return jax.make_array_from_callback(shape, NamedSharding(mesh, spec), _shard_reader(stored, transposed, dt))
+    read = _shard_reader(stored, transposed, param_dtype(dtype, stored[1]))
+    sh = NamedSharding(mesh, spec)
+    # One shard at a time onto its device (make_array_from_callback reads every shard before placing any: a whole
+    # tensor's worth of host memory at once).
+    shards = [jax.device_put(read(idx), dev) for dev, idx in sh.addressable_devices_indices_map(shape).items()]
+    return jax.make_array_from_single_device_arrays(shape, sh, shards)
   return cfg, jax.tree.map(place, hf_layout(cfg), specs, is_leaf=is_layout_entry)
 
 
