@@ -83,8 +83,8 @@ def _abstract_params(cfg):
              "final_norm": jax.ShapeDtypeStruct((cfg.d_model,), np_.float32)}
     return jax.eval_shape(lambda t: eagle.detach_target(eagle.init_params(jax.random.key(0), cfg, t,
                                                                            np_.arange(cfg.out_vocab))), dummy)
-  from .model import init_params
-  return jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+  from .param_decls import abstract_params
+  return abstract_params(cfg)
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -43,21 +43,10 @@ FEATURE_AXES = (BATCH, SEQ, EMBED)  # target features for an EAGLE draft [B, T, 
 
 
 def param_axes(cfg: ModelConfig) -> dict:
-  """Returns logical axis names (a tuple per array) with the structure of the params of `cfg`."""
-  layer = {"attn_norm": (EMBED,), "mlp_norm": (EMBED,), "wq": (EMBED, Q_HEADS), "wk": (EMBED, KV_HEADS),
-           "wv": (EMBED, KV_HEADS), "wo": (Q_HEADS, EMBED), "w_gate": (EMBED, MLP), "w_up": (EMBED, MLP),
-           "w_down": (MLP, EMBED)}
-  if cfg.attn_bias:
-    layer.update(bq=(Q_HEADS,), bk=(KV_HEADS,), bv=(KV_HEADS,))
-  if cfg.qk_norm:  # one weight shared by every head: replicated
-    layer.update(q_norm=(HEAD_DIM,), k_norm=(HEAD_DIM,))
-  axes = {"embed": (VOCAB, EMBED), "layers": [dict(layer) for _ in range(cfg.n_layers)], "final_norm": (EMBED,)}
-  if not cfg.tie_embeddings:
-    axes["lm_head"] = (EMBED, OUT_VOCAB)
-  if cfg.head_vocab is not None:
-    axes["head_ids"] = (TOKEN_TABLE,)
-    axes["vocab_map"] = (TOKEN_TABLE,)
-  return axes
+  """Returns logical axis names (a tuple per array) with the structure of the params of `cfg` (from
+  param_decls.py, where each parameter is declared once)."""
+  from .param_decls import is_decl, param_decls
+  return jax.tree.map(lambda d: d.axes, param_decls(cfg), is_leaf=is_decl)
 
 
 def logical_sizes(cfg: ModelConfig) -> dict:
