@@ -122,10 +122,11 @@ def cast_params(params, dtype: str | None):
   return jax.tree.map(cast, params)
 
 
-def load_checkpoint(directory: str, dtype: str | None = "auto"):
-  """Returns (config, params as jax arrays on the default device) from a directory written by save_checkpoint,
-  floating arrays in param_dtype(dtype, stored dtype). An EAGLE draft's params come without the target's parts
-  (eagle.attach_target adds them)."""
+def load_checkpoint(directory: str, dtype: str | None = "auto", mesh=None):
+  """Returns (config, params as jax arrays) from a directory written by save_checkpoint, floating arrays in
+  param_dtype(dtype, stored dtype): restored by Orbax straight onto `mesh` (1-D, axis "tp") with
+  sharding.param_specs' shardings when given, else onto the default device. An EAGLE draft's params come without the
+  target's parts (eagle.attach_target adds them) and always go to the default device."""
   import jax
   import orbax.checkpoint as ocp
 
@@ -142,9 +143,11 @@ def load_checkpoint(directory: str, dtype: str | None = "auto"):
     stored = ckptr.metadata(os.path.join(directory, "params"))
     stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)
-    # Restore in the stored dtype (16-bit drafts), then give floating arrays the dtype asked for.
-    abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
-                            stored)
+    if mesh is not None and getattr(cfg, "kind", None) != "eagle":
+      abstract = _placed_abstract(cfg, abstract, stored, dtype, mesh)
+    else:  # restore in the stored dtype (16-bit drafts), then give floating arrays the dtype asked for
+      abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
+                              stored)
     params = cast_params(ckptr.restore(os.path.join(directory, "params"), abstract), dtype)
   except CheckpointError:
     raise
@@ -154,7 +157,24 @@ def load_checkpoint(directory: str, dtype: str | None = "auto"):
     from .model import check_params
     check_params(params, cfg)
   # Orbax may hand back host numpy arrays; put them on the device once, or every jitted call would copy them.
-  return cfg, jax.device_put(params)
+  return cfg, params if mesh is not None and getattr(cfg, "kind", None) != "eagle" else jax.device_put(params)
+
+
+def _placed_abstract(cfg, abstract, stored, dtype, mesh):
+  """Returns the restore target of each param: its device dtype and its NamedSharding on `mesh`, so Orbax reads
+  every array straight to its shards (no host copy of the model)."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from .sharding import param_specs
+
+  def target(a, m, spec):
+    dt = np.dtype(getattr(m, "dtype", a.dtype))
+    floating = np.issubdtype(dt, np.floating) or dt.name in ("bfloat16", "float16")
+    return jax.ShapeDtypeStruct(a.shape, param_dtype(dtype, dt) if floating else dt,
+                                sharding=NamedSharding(mesh, spec))
+  return jax.tree.map(lambda spec, a, m: target(a, m, spec), param_specs(cfg, mesh.devices.size), abstract, stored,
+                      is_leaf=lambda x: isinstance(x, P))
 
 
 # --------------------------------------------------------------------------------------------- the SmolLM2 target
@@ -230,7 +250,7 @@ def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
     cfg, params = load_hf_sharded(path, mesh if mesh is not None else Mesh(np.asarray(jax.devices()[:1]), ("tp",)),
                                   dtype)
   else:
-    cfg, params = load_checkpoint(path, dtype)
+    cfg, params = load_checkpoint(path, dtype, mesh)
   if os.path.exists(tok_path):
     tok = TextTokenizer.from_file(tok_path)
   return cfg, params, tok
