@@ -54,3 +54,19 @@ def test_truncated_file_fails_with_one_line(tmp_path):
   f.write_bytes(f.read_bytes()[:-100])
   with pytest.raises(CheckpointError, match="truncated"):
     jax.tree.map(np.asarray, checkpoints.load_model(path)[1])
+
+
+@needs5
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+def test_orbax_checkpoint_restores_onto_the_mesh_like_the_host_path(tmp_path, dtype):
+  cfg = tiny_config(vocab_size=64, n_heads=4, n_kv_heads=4, head_vocab=40)
+  checkpoints.save_checkpoint(str(tmp_path), cfg, model.init_params(jax.random.key(1), cfg, scale=0.3),
+                              storage_dtype="bfloat16")
+  mesh = Mesh(np.asarray(jax.devices()[:4]), ("tp",))
+  _, placed = checkpoints.load_checkpoint(str(tmp_path), dtype, mesh=mesh)
+  _, host = checkpoints.load_checkpoint(str(tmp_path), dtype)
+  for p, h, s in zip(jax.tree.leaves(placed), jax.tree.leaves(host), jax.tree.leaves(
+      param_specs(cfg, 4), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))):
+    assert p.dtype == h.dtype and p.sharding.spec == s
+    np.testing.assert_array_equal(np.asarray(p), np.asarray(h))
+  assert placed["layers"][0]["w_up"].dtype == (np.float32 if dtype == "auto" else ml_dtypes.bfloat16)
