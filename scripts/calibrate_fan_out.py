@@ -52,7 +52,7 @@ def main(argv=None):
                    SpecOptions(k=args.k, fan_out=1), record_ranks=True)
   ids = [pipe.encode_prompt(p) for p in prompts]
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       eos_id=pipe.tokenizer.eos_id)
+                       eos_id=pipe.tokenizer.eos_ids)
   pairs, accepted, tried = [], 0, 0
   for i in range(0, len(ids), 4):
     for r in dec.generate(ids[i:i + 4], opts):

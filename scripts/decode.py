@@ -59,7 +59,10 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--batch-size", type=int, default=8)
   p.add_argument("--ignore-eos", action="store_true", help="produce exactly --max-new-tokens tokens")
-  p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+  p.add_argument("--raw", action="store_true",
+                 help="feed the prompt as is, without the chat template (only the tokenizer's own BOS, if any)")
+  p.add_argument("--thinking", choices=["on", "off"], default=None,
+                 help="the chat template's thinking switch (Qwen3's enable_thinking; default: the template's)")
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
   p.add_argument("--attention", default="auto", choices=["auto", "ref", "cpu", "pallas"],
@@ -103,6 +106,8 @@ def check_args(args):
     fail(f"--saguaro-c must be in (0, 1], got {args.saguaro_c}")
   if args.json_out:
     check_output_file(args.json_out, "--json-out")
+  if args.raw and args.thinking:
+    fail("--thinking is a chat template switch; --raw bypasses the template")
   return SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
                      fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
 
@@ -122,6 +127,15 @@ def ignored_options(args, mode: str) -> list[str]:
   unread = {"ar": DRAFT_ONLY + SSD_ONLY, "sd": SSD_ONLY}.get(mode, ())
   parser = make_parser()
   return ["--" + d.replace("_", "-") for d in unread if getattr(args, d) != parser.get_default(d)]
+
+
+def check_template(args, switches: dict) -> None:
+  """Fails, before any weights are read, when a model directory's chat template does not parse, is missing (and
+  --raw is not given) or lacks a switch asked for."""
+  from ssd_jax.tokenizer import TextTokenizer
+
+  if not args.raw and os.path.isfile(os.path.join(args.target, "tokenizer.json")):
+    TextTokenizer.from_dir(args.target).chat_prompt("Hi", **switches)  # one line: TemplateError / TokenizerError
 
 
 def check_calibration(args, draft_path: str | None) -> None:
@@ -179,6 +193,8 @@ def main(argv=None):
   if ignored:
     warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing under --mode {mode}"
          + ("" if args.mode else " (the default here; choose another with --mode)"))
+  switches = {} if args.thinking is None else {"enable_thinking": args.thinking == "on"}
+  check_template(args, switches)
   if mode == "ssd":
     backend = jax.default_backend()
     fan_out = (spec.fan_out,) * (K_MAX + 1) if spec.auto else spec.fan_out  # the widest tree auto may build
@@ -191,7 +207,8 @@ def main(argv=None):
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
-                       chat=not args.raw, stream=stream, spec=spec)
+                       chat=not args.raw, stream=stream, spec=spec,
+                       **switches)
   if args.stream:
     print()
   if args.json_out and distributed.is_main():

@@ -97,7 +97,7 @@ def main(argv=None):
     ids, mask = [], []
     for i, r in zip(batches[b], res):
       ans = list(r.token_ids)
-      if not ans or ans[-1] != eot:
+      if not ans or ans[-1] not in pipe.tokenizer.eos_ids:
         ans.append(eot)  # cut at the budget: close the turn so windows never run into the next prompt mid-answer
       ids += enc[i] + ans + pipe.tokenizer.encode("\n")
       mask += [0] * len(enc[i]) + [1] * len(ans) + [0]

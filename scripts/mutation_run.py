@@ -138,6 +138,20 @@ MUTATIONS = [
              "self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start))",
              "self.hist = self.hist",
              ("tests/test_eagle_decode.py",), "an EAGLE draft drops the target features each verify returns"),
+    Mutation("eos_only_at_the_bonus", "ssd_jax/decode/base.py",
+             "      new, stopped = self.opts.cut_at_stop(new[: self.opts.max_new_tokens - len(self.out[i])])",
+             "      new = new[: self.opts.max_new_tokens - len(self.out[i])]\n"
+             "      stopped = bool(new) and new[-1] in self.opts.stop_ids",
+             ("tests/test_sd.py::test_greedy_sd_stops_at_the_first_of_several_eos_ids",
+              f"{SSD}::test_greedy_ssd_stops_at_the_first_of_several_eos_ids"),
+             "a speculative round ends a row only when its last token is a stop id: an EOS among the accepted drafts "
+             "is passed over"),
+    Mutation("eos_set_read_as_one_id", "ssd_jax/decode/options.py",
+             "    return frozenset(() if self.ignore_eos else self.eos_id)",
+             "    return frozenset(() if self.ignore_eos else self.eos_id[:1])",
+             ("tests/test_decode.py::test_eos_ids_normalised_and_checked",
+              "tests/test_sd.py::test_greedy_sd_stops_at_the_first_of_several_eos_ids"),
+             "only the first id of the end-of-sequence set stops a row (Llama 3's <|eot_id|> would be passed over)"),
 ]
 
 

@@ -68,9 +68,10 @@ class Pipeline:
     self.placement = placement or make_placement(1, 1)
     self._decoders = {}
 
-  def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
-    text = self.tokenizer.chat_prompt(prompt) if chat else prompt
-    ids = self.tokenizer.encode(text)
+  def encode_prompt(self, prompt: str, chat: bool = True, **template_kwargs) -> list[int]:
+    """Returns the prompt's ids: under the model's chat template (template_kwargs: its switches, such as Qwen3's
+    enable_thinking), or raw (chat=False) with only what the tokenizer adds (Llama 3: BOS)."""
+    ids = self.tokenizer.encode_prompt(prompt, chat, **template_kwargs)
     if not ids:
       raise ValueError("empty prompt")
     return ids
@@ -110,8 +111,8 @@ class Pipeline:
     shown = [""]
 
     def on_ids(new_ids):
-      produced.extend(i for i in new_ids if i != self.tokenizer.eos_id)
-      text = self.tokenizer.decode(produced)
+      produced.extend(new_ids)
+      text = self.tokenizer.reply_text(produced)
       if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
         return
       stream(text[len(shown[0]):])
@@ -166,7 +167,7 @@ class Pipeline:
     settings and options: as in generate). Every prompt is checked against the context before any is decoded."""
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    opts = DecodeOptions(eos_id=self.tokenizer.eos_id if self.tokenizer else None, **options)
+    opts = DecodeOptions(eos_id=self.tokenizer.eos_ids if self.tokenizer else None, **options)
     spec = self.spec_options(spec, k=k, fan_out=fan_out, fan_out_miss=fan_out_miss,
                              fan_out_strategy=fan_out_strategy, backup=backup, saguaro_c=saguaro_c)
     mode = mode or self.default_mode
@@ -190,7 +191,8 @@ class Pipeline:
                temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
                k: int | str = "auto", fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform",
-               backup: str = "neural", saguaro_c: float = 1.0, spec: SpecOptions | None = None) -> list[Generation]:
+               backup: str = "neural", saguaro_c: float = 1.0, spec: SpecOptions | None = None,
+               enable_thinking: bool | None = None) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`: 'auto' by default, chosen per batch from this machine's step
@@ -201,19 +203,22 @@ class Pipeline:
     draft's top tokens (Saguaro sampling); the draft runs where `ssd_placement` puts it); None: `default_mode` (the
     fastest measured here; SD on a CPU with the shipped draft). spec: a SpecOptions instead of those loose settings.
     temperature 0 is greedy; chat=False feeds the text without the chat template; stream, if given, is called with
-    each new piece of text of the first prompt.
+    each new piece of text of the first prompt. A row stops at any of the model's end-of-sequence ids
+    (generation_config.json, config.json, the tokenizer's eos_token). enable_thinking: Qwen3's template switch (None:
+    the template's default; a template without it refuses True/False).
     """
     if isinstance(prompts, str):
       prompts = [prompts]
     if not prompts:
       raise ValueError("no prompts given")
-    ids = [self.encode_prompt(p, chat) for p in prompts]
+    switches = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+    ids = [self.encode_prompt(p, chat, **switches) for p in prompts]
     text_cb = self._text_streamer(stream) if stream is not None else None
     res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out,
                             fan_out_miss=fan_out_miss, fan_out_strategy=fan_out_strategy, backup=backup,
                             saguaro_c=saguaro_c, spec=spec, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos)
-    return [Generation(p, r.token_ids, self.tokenizer.decode(r.token_ids), r.stats.to_dict())
+    return [Generation(p, r.token_ids, self.tokenizer.reply_text(r.token_ids), r.stats.to_dict())
             for p, r in zip(prompts, res)]
 
 

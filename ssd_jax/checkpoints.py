@@ -231,7 +231,7 @@ def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
   `mesh` (1-D, axis "tp"; default: the first device) by sharding.param_specs (sharded_load.py)."""
   import jax
 
-  from .tokenizer import TextTokenizer, tokenizer_from_gguf_meta
+  from .tokenizer import TextTokenizer, text_tokenizer_from_gguf
 
   if dtype not in DTYPES and dtype is not None:
     raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -241,7 +241,7 @@ def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
   if path.endswith(".gguf"):
     cfg, params, meta = read_gguf(path)
     params = jax.device_put(cast_params(params, dtype))
-    tok = TextTokenizer(tokenizer_from_gguf_meta(meta)) if "tokenizer.ggml.tokens" in meta else None
+    tok = text_tokenizer_from_gguf(meta) if "tokenizer.ggml.tokens" in meta else None  # with its template, EOS set
     return cfg, params, tok
   if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
     from jax.sharding import Mesh
@@ -251,6 +251,6 @@ def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
                                   dtype)
   else:
     cfg, params = load_checkpoint(path, dtype, mesh)
-  if os.path.exists(tok_path):
-    tok = TextTokenizer.from_file(tok_path)
+  if os.path.exists(tok_path):  # with the directory's chat template and EOS set, when it ships them
+    tok = TextTokenizer.from_dir(path)
   return cfg, params, tok

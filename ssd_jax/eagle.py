@@ -179,7 +179,7 @@ def split_trainable(params: dict) -> tuple[dict, dict]:
 
 # --------------------------------------------------------------------------------------------------------- forward
 
-def fuse(params: dict, features: jax.Array, eps: float = 1e-5) -> jax.Array:
+def fuse(params: dict, features: jax.Array, eps: float = 1e-5, platform: str | None = None) -> jax.Array:
   """Returns the draft's input feature [..., d] from target features [..., n_feat * d].
 
   Each layer's feature is scaled to unit RMS first (no learned weight): the target's residual stream grows from
@@ -190,59 +190,63 @@ def fuse(params: dict, features: jax.Array, eps: float = 1e-5) -> jax.Array:
   d = params["fc"].shape[1]
   f = f.reshape(f.shape[:-1] + (-1, d))
   f = f * jax.lax.rsqrt(jnp.mean(f * f, axis=-1, keepdims=True) + eps)
-  return dense(f.reshape(f.shape[:-2] + (-1,)), params["fc"])
+  return dense(f.reshape(f.shape[:-2] + (-1,)), params["fc"], platform)
 
 
-def layer_inputs(params: dict, tokens: jax.Array, h_prev: jax.Array, positions: jax.Array, cfg: EagleConfig):
+def layer_inputs(params: dict, tokens: jax.Array, h_prev: jax.Array, positions: jax.Array, cfg: EagleConfig,
+                 platform: str | None = None):
   """Returns (q [B, T, H, D], k [B, T, G, D], v [B, T, G, D]) for tokens [B, T] that read features h_prev [B, T, d]."""
   b, t = tokens.shape
   lp = params["layer"]
   e = rms_norm(params["embed"][tokens], lp["norm_e"], cfg.rms_eps)
   a = jnp.concatenate([e, rms_norm(h_prev, lp["norm_h"], cfg.rms_eps)], axis=-1)
   inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
-  q = apply_rope(dense(a, lp["wq"]).reshape(b, t, cfg.n_heads, cfg.head_dim), positions, inv_freq)
-  k = apply_rope(dense(a, lp["wk"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, inv_freq)
-  v = dense(a, lp["wv"]).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+  q = apply_rope(dense(a, lp["wq"], platform).reshape(b, t, cfg.n_heads, cfg.head_dim), positions, inv_freq)
+  k = apply_rope(dense(a, lp["wk"], platform).reshape(b, t, cfg.n_kv_heads, cfg.head_dim), positions, inv_freq)
+  v = dense(a, lp["wv"], platform).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
   return q, k, v
 
 
-def layer_outputs(params: dict, h_prev: jax.Array, attn_out: jax.Array, cfg: EagleConfig):
+def layer_outputs(params: dict, h_prev: jax.Array, attn_out: jax.Array, cfg: EagleConfig,
+                  platform: str | None = None):
   """Returns (h_out [B, T, d], the normed hidden state the head reads [B, T, d]) from attention outputs
   [B, T, H, D]."""
   lp = params["layer"]
   b, t = attn_out.shape[:2]
-  h = h_prev + dense(attn_out.reshape(b, t, cfg.n_heads * cfg.head_dim), lp["wo"])
+  h = h_prev + dense(attn_out.reshape(b, t, cfg.n_heads * cfg.head_dim), lp["wo"], platform)
   m = rms_norm(h, lp["mlp_norm"], cfg.rms_eps)
-  h = h + dense(jax.nn.silu(dense(m, lp["w_gate"])) * dense(m, lp["w_up"]), lp["w_down"])
+  h = h + dense(jax.nn.silu(dense(m, lp["w_gate"], platform)) * dense(m, lp["w_up"], platform), lp["w_down"], platform)
   return h, rms_norm(h, params["final_norm"], cfg.rms_eps)
 
 
-def head_logits(params: dict, x: jax.Array) -> jax.Array:
+def head_logits(params: dict, x: jax.Array, platform: str | None = None) -> jax.Array:
   """Returns logits [..., V_out] (float32) over the draft's head rows."""
   from .model import _use_rows_kernel
   from .kernels import rows_matmul
-  if _use_rows_kernel(x, params["head"]):
+  if _use_rows_kernel(x, params["head"], platform):
     return rows_matmul.rows_matmul(x, params["head"], transposed=True)
   return jnp.einsum("...d,vd->...v", x, params["head"]).astype(jnp.float32)
 
 
 def forward(params: dict, tokens: jax.Array, h_prev: jax.Array, positions: jax.Array, cache: KVCache,
-            write_slots: jax.Array, mask: MaskInfo, cfg: EagleConfig, logit_index=None, attn_impl: str = "auto"):
+            write_slots: jax.Array, mask: MaskInfo, cfg: EagleConfig, logit_index=None, attn_impl: str = "auto",
+            platform: str | None = None):
   """Returns (logits [B, T or R, V_out], h_out [B, T, d], cache) for tokens [B, T] reading features h_prev [B, T, d].
 
   positions / write_slots / mask as in model.forward (tree drafting uses the same MaskInfo); the cache has one
-  layer; its lengths are not changed. logit_index: optional [B, R] positions whose logits are wanted.
+  layer; its lengths are not changed. logit_index: optional [B, R] positions whose logits are wanted. platform:
+  what the program is compiled for (None: the default backend), which picks the kernels.
   """
   b, t = tokens.shape
-  q, k, v = layer_inputs(params, tokens, h_prev, positions, cfg)
+  q, k, v = layer_inputs(params, tokens, h_prev, positions, cfg, platform)
   rows = jnp.arange(b)[:, None]
   kc = cache.k[0].at[rows, write_slots].set(k.astype(cache.k[0].dtype), mode="drop")
   vc = cache.v[0].at[rows, write_slots].set(v.astype(cache.v[0].dtype), mode="drop")
-  o = attention(q, kc, vc, mask, impl=attn_impl)
-  h, x = layer_outputs(params, h_prev, o, cfg)
+  o = attention(q, kc, vc, mask, impl=attn_impl, platform=platform)
+  h, x = layer_outputs(params, h_prev, o, cfg, platform)
   if logit_index is not None:
     x = jnp.take_along_axis(x, logit_index[:, :, None], axis=1)
-  return head_logits(params, x), h, cache.replace(k=[kc], v=[vc])
+  return head_logits(params, x, platform), h, cache.replace(k=[kc], v=[vc])
 
 
 def macs_per_token(cfg: EagleConfig, fused: bool = True) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .config import ModelConfig, RopeScaling
 from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
+from .kernels.platform import kernel_platform
 from .kv_cache import KVCache
 from . import param_decls, quant
 
@@ -36,30 +37,32 @@ from . import param_decls, quant
 # costs several AR steps and speculation loses its premise. On CPU, products with up to ROWS_KERNEL_MAX rows go
 # through a small C++ kernel that streams each weight element once for all rows (ssd_jax/kernels/rows_matmul.py).
 # One row takes it too: it measured 10-25% faster than XLA's matrix-vector product on the large matrices, and a row
-# then gets bit for bit the same result in an AR step as in a verify. Accelerators never take this path.
+# then gets bit for bit the same result in an AR step as in a verify. Programs compiled for an accelerator never
+# take this path, whatever machine compiles them (`platform`, ssd_jax/kernels/platform.py).
 # Above 12 rows the kernel works in tiles of 8 over cached chunks of the weights; up to 64 rows (a verify of batch 16
 # at K=3) it measured at least as fast as XLA's product on SmolLM2's matrices (0.38x at 24 rows, 0.65x at 48, 1.0x
 # at 64, noisy 2-core Xeon), and keeps AR and verify rows bit-identical at every batch size below that.
 ROWS_KERNEL_MAX = 64
 
 
-def _use_rows_kernel(x: jax.Array, w: jax.Array) -> bool:
+def _use_rows_kernel(x: jax.Array, w: jax.Array, platform: str | None) -> bool:
   lead = x.shape[:-1]
   m = int(np.prod(lead)) if lead else 1
   return (1 <= m <= ROWS_KERNEL_MAX and x.dtype == jnp.float32 and w.dtype == jnp.float32
-          and jax.default_backend() == "cpu" and rows_matmul.available())
+          and kernel_platform(platform) == "cpu" and rows_matmul.available())
 
 
-def dense(x: jax.Array, w) -> jax.Array:
+def dense(x: jax.Array, w, platform: str | None = None) -> jax.Array:
   """Returns x @ w in x's dtype for x [..., K], w [K, N] (an array or an Int8Weight).
 
   1..ROWS_KERNEL_MAX float32 rows on CPU: the streaming kernel; float32 x float32 otherwise: XLA's product as before
   (SmolLM2's numbers unchanged); any 16-bit operand: the product accumulates in float32 (preferred_element_type), as
-  a 16-bit accumulator would lose the low bits of long sums.
+  a 16-bit accumulator would lose the low bits of long sums. platform: what the program is compiled for (None: the
+  default backend; see kernels/platform.py).
   """
   if isinstance(w, quant.Int8Weight):
     return quant.int8_dense(x, w)
-  if _use_rows_kernel(x, w):
+  if _use_rows_kernel(x, w, platform):
     return rows_matmul.rows_matmul(x, w)
   if x.dtype == jnp.float32 and w.dtype == jnp.float32:
     return x @ w
@@ -145,12 +148,13 @@ def check_params(params: dict, cfg: ModelConfig) -> None:
     raise ValueError(f"params shapes differ from config {cfg.name!r}: " + "; ".join(bad))
 
 
-def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg: ModelConfig, attn_impl: str):
+def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg: ModelConfig, attn_impl: str,
+           platform: str | None):
   """One transformer block. Writes the new K/V into this layer's cache [B, S, G, D]; returns (x, k_cache, v_cache)."""
   b, t, _ = x.shape
   H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-  q, k, v = dense(h, lp["wq"]), dense(h, lp["wk"]), dense(h, lp["wv"])
+  q, k, v = dense(h, lp["wq"], platform), dense(h, lp["wk"], platform), dense(h, lp["wv"], platform)
   if cfg.attn_bias:
     q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
   q, k = q.reshape(b, t, H, D), k.reshape(b, t, G, D)
@@ -162,15 +166,15 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
   # Out-of-range slots (padding) are dropped rather than clamped onto real entries.
   k_cache = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
   v_cache = v_cache.at[rows, write_slots].set(v.reshape(b, t, G, D).astype(v_cache.dtype), mode="drop")
-  o = attention(q, k_cache, v_cache, mask, impl=attn_impl)
-  x = x + dense(o.reshape(b, t, H * D), lp["wo"])
+  o = attention(q, k_cache, v_cache, mask, impl=attn_impl, platform=platform)
+  x = x + dense(o.reshape(b, t, H * D), lp["wo"], platform)
   h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-  x = x + dense(jax.nn.silu(dense(h, lp["w_gate"])) * dense(h, lp["w_up"]), lp["w_down"])
+  x = x + dense(jax.nn.silu(dense(h, lp["w_gate"], platform)) * dense(h, lp["w_up"], platform), lp["w_down"], platform)
   return x, k_cache, v_cache
 
 
 def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
-                  attn_impl: str = "auto", feature_layers: tuple = ()):
+                  attn_impl: str = "auto", feature_layers: tuple = (), platform: str | None = None):
   """Returns (final-normed hidden states [B, T, d], cache with new K/V written; lengths unchanged, features).
 
   features: the residual stream after each block in `feature_layers` (0-based block indices, static), concatenated
@@ -182,7 +186,7 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
   x = params["embed"][embed_rows(params, tokens, cfg)]
   ks, vs, taken = [], [], {}
   for i, (lp, kc, vc) in enumerate(zip(params["layers"], cache.k, cache.v)):
-    x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl)
+    x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl, platform)
     ks.append(kc)
     vs.append(vc)
     if i in feature_layers:
@@ -192,23 +196,23 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
   return x, cache.replace(k=ks, v=vs), feats
 
 
-def lm_head(params, x, cfg: ModelConfig):
+def lm_head(params, x, cfg: ModelConfig, platform: str | None = None):
   """Returns logits [..., V_out] (float32) from final hidden states."""
   if cfg.tie_embeddings:
-    if _use_rows_kernel(x, params["embed"]):
+    if _use_rows_kernel(x, params["embed"], platform):
       return rows_matmul.rows_matmul(x, params["embed"], transposed=True)
     if x.dtype == jnp.float32 and params["embed"].dtype == jnp.float32:
       return jnp.einsum("...d,vd->...v", x, params["embed"])
     return jnp.einsum("...d,vd->...v", x, params["embed"], preferred_element_type=jnp.float32)
   head = params["lm_head"]
   if x.dtype == jnp.float32 and head.dtype == jnp.float32:
-    return dense(x, head)
+    return dense(x, head, platform)
   # 16-bit: the logits keep the float32 accumulator (rounding them to 16 bits would make near-ties exact ties).
   return jnp.matmul(x, head, preferred_element_type=jnp.float32)
 
 
 def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,
-            logit_index=None, attn_impl: str = "auto", feature_layers: tuple = ()):
+            logit_index=None, attn_impl: str = "auto", feature_layers: tuple = (), platform: str | None = None):
   """Returns (logits, cache), or (logits, cache, features) when `feature_layers` is not empty.
 
   tokens, positions, write_slots: [B, T] int32 (RoPE position and cache slot of each new token); mask describes what
@@ -216,22 +220,24 @@ def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskIn
   (prefill only needs the last position of each row), else [B, T, V_out]. The cache's lengths are not changed: the
   caller commits tokens by advancing lengths. features: [B, T, len(feature_layers) * d], the residual stream after
   those blocks at every new position (see `hidden_states`); the logits are the same with or without them.
+  platform: what the program is compiled for (None: the default backend).
   """
-  x, cache, feats = hidden_states(params, tokens, positions, cache, write_slots, mask, cfg, attn_impl, feature_layers)
+  x, cache, feats = hidden_states(params, tokens, positions, cache, write_slots, mask, cfg, attn_impl, feature_layers,
+                                  platform)
   if logit_index is not None:
     x = jnp.take_along_axis(x, logit_index[:, :, None], axis=1)
-  logits = lm_head(params, x, cfg)
+  logits = lm_head(params, x, cfg, platform)
   return (logits, cache) if not feature_layers else (logits, cache, feats)
 
 
 def forward_causal(params, tokens, cache: KVCache, cfg: ModelConfig, logit_index=None, attn_impl: str = "auto",
-                   feature_layers: tuple = ()):
+                   feature_layers: tuple = (), platform: str | None = None):
   """Returns (logits, cache[, features]) for tokens appended at each row's length (causal among themselves; lengths
-  unchanged); features as in `forward`."""
+  unchanged); features and platform as in `forward`."""
   t = tokens.shape[1]
   slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   return forward(params, tokens, slots, cache, slots, causal_mask_info(slots), cfg, logit_index, attn_impl,
-                 feature_layers)
+                 feature_layers, platform)
 
 
 def forward_full(params, tokens, cfg: ModelConfig):

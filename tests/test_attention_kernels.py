@@ -186,3 +186,23 @@ def test_compiled_kernel_on_accelerator(kernel, h, g, dtype):
   q, k, v, mask = _realistic_case(np.random.default_rng(h), h, g, 1000, dtype)
   out = attn.pallas_attention(q, k, v, mask, kernel=kernel, interpret=False)
   _check(out, ref_attention(q, k, v, mask), dtype, mask, k.shape[1])
+
+
+@pytest.mark.skipif(len(jax.devices()) < 4, reason="needs 4 devices (XLA_FLAGS in conftest)")
+@pytest.mark.parametrize("g", [4, 2])
+def test_pallas_under_a_mesh_splits_by_kv_heads(g):
+  """Under a tensor-parallel mesh (as Programs lowers) the Pallas call runs per device over its own KV heads (or
+  replicated where they do not divide the mesh): XLA cannot partition a Mosaic call. Same values as the reference."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  rng = np.random.default_rng(3)
+  q, k, v = _qkv(rng, 2, 3, 8, g, 16, 64, jnp.float32)
+  mask = verify_mask(np.asarray([20, 40]), 3, 2)
+  mesh = Mesh(np.asarray(jax.devices()[:4]), ("tp",))
+  split = NamedSharding(mesh, P(None, None, "tp", None) if g == 4 else P())
+  q, k, v = (jax.device_put(x, split) for x in (q, k, v))
+  fn = jax.jit(lambda q, k, v, m: attn.pallas_attention(q, k, v, m, kernel="triton", interpret=True,
+                                                         **SMALL_BLOCKS["triton"]))
+  with jax.set_mesh(mesh):
+    out = fn(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(attn.ref_attention(q, k, v, mask)), rtol=2e-5, atol=2e-5)

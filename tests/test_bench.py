@@ -313,3 +313,26 @@ def test_verify_cost_table_on_the_tiny_target(bench, tmp_path, capsys):
     assert res["weights_gbs"][t] == pytest.approx(res["weight_bytes"] / ms / 1e6)
   out = capsys.readouterr().out
   assert "| 9 |" in out and "weights read per forward" in out
+
+
+def _batch_sweep_result() -> dict:
+  """A batch sweep's result as bench.py writes it, reduced to what the plots read: AR and SD at batch 1, 4, 16."""
+  tps = {("ar", 1): 25.0, ("ar", 4): 80.0, ("ar", 16): 200.0, ("sd", 1): 35.0, ("sd", 4): 90.0, ("sd", 16): 180.0}
+  variants = [{"label": f"{m}@batch={b}", "mode": m, "sweep_value": str(b), "options": {"batch_size": str(b)}}
+              for m, b in tps]
+  by_variant = {f"{m}@batch={b}": {"all": {"tokens_per_second": t}} for (m, b), t in tps.items()}
+  return {"args": {"sweep": "batch"}, "variants": variants, "summary": {"by_variant": by_variant}}
+
+
+def test_batch_sweep_plots(tmp_path):
+  """A batch sweep draws the frontier (per-row against whole-batch tokens a second) and the speedup over AR by batch
+  size; other sweeps draw neither."""
+  pytest.importorskip("matplotlib")
+  from ssd_jax.bench import plots
+  result = _batch_sweep_result()
+  assert plan.sweep_series(result)["sd"] == [(1, 35.0, None), (4, 90.0, None), (16, 180.0, None)]
+  for fn in (plots.batch_frontier, plots.speedup_vs_batch):
+    path = str(tmp_path / f"{fn.__name__}.png")
+    assert fn(result, path) and os.path.getsize(path) > 1000
+    assert not fn(_fan_out_sweep_result(), str(tmp_path / "no.png"))
+  assert not os.path.exists(tmp_path / "no.png")

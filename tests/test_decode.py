@@ -43,6 +43,18 @@ def test_eos_stops_row_but_not_others(tiny):
   assert res[1].token_ids == ref[1][:cut]
 
 
+def test_eos_ids_normalised_and_checked():
+  assert DecodeOptions(eos_id=(9, 2, 9)).eos_id == (2, 9) == DecodeOptions(eos_id=[9, 2]).eos_id
+  assert DecodeOptions(eos_id={9, 2}).eos_id == (2, 9) == DecodeOptions(eos_id=np.array([9, 2])).eos_id
+  assert DecodeOptions(eos_id=np.int32(4)).eos_id == (4,) == DecodeOptions(eos_id=np.array(4)).eos_id
+  assert DecodeOptions(eos_id=5).stop_ids == {5} and DecodeOptions(eos_id=5, ignore_eos=True).stop_ids == set()
+  assert DecodeOptions(eos_id=(3, 7)).cut_at_stop([1, 7, 3, 2]) == ([1, 7], True)
+  assert DecodeOptions(eos_id=(3, 7)).cut_at_stop([1, 2]) == ([1, 2], False)
+  for bad in (-1, "2", (1, 2.5), True, 2.0):
+    with pytest.raises(ValueError, match="eos_id"):
+      DecodeOptions(eos_id=bad)
+
+
 def test_sampling_deterministic_under_seed(tiny):
   cfg, params = tiny
   dec = ARDecoder(cfg, params)

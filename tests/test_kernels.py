@@ -218,3 +218,25 @@ def test_attention_auto_is_the_cpu_kernel_for_float32_on_cpu():
   mask = attn.causal_mask_info(jnp.asarray([[2]], jnp.int32))
   with pytest.raises(ValueError, match="float32"):
     attn.attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), k.astype(jnp.bfloat16), mask, impl="cpu")
+
+
+@needs_cpu_attention
+def test_kernels_follow_the_platform_compiled_for_not_the_backend():
+  """A program traced here for a TPU or GPU holds none of the C++ CPU kernels (XLA would refuse their custom calls
+  there), and 'auto' attention is the reference there; for a CPU the kernels are in. Issue 43 item 1."""
+  from ssd_jax import model
+  from ssd_jax.config import tiny_config
+  from ssd_jax.kv_cache import KVCache
+
+  cfg = tiny_config()
+  params = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
+  cache = jax.eval_shape(lambda: KVCache.init(cfg, 1, 128))
+  toks = jax.ShapeDtypeStruct((1, 3), jnp.int32)
+  fwd = jax.jit(model.forward_causal, static_argnames=("cfg", "attn_impl", "platform"))
+  text = lambda platform: fwd.lower(params, toks, cache, cfg=cfg, platform=platform).as_text()  # noqa: E731
+  assert "ssd_rows_matmul" in text("cpu") and "ssd_masked_attention" in text("cpu")
+  for platform in ("tpu", "gpu"):
+    assert "ssd_rows_matmul" not in text(platform) and "ssd_masked_attention" not in text(platform)
+    assert attn.resolve_impl("auto", platform=platform) == "ref"
+  with pytest.raises(ValueError, match="unknown platform"):
+    attn.resolve_impl("auto", platform="npu")

@@ -72,6 +72,33 @@ def test_greedy_sd_with_reduced_vocab_draft_and_eos(pair):
   assert got == want
 
 
+def cut_at_first(tokens, stops):
+  """Returns tokens up to and including the first of `stops` (the reference every decoder must match)."""
+  hits = [j for j, t in enumerate(tokens) if t in stops]
+  return tokens[: hits[0] + 1] if hits else tokens
+
+
+def two_stop_ids(cfg, tp):
+  """Returns (ids, AR's rows cut at the first of either): two stop ids as Llama 3's <|eot_id|> and <|end_of_text|>,
+  each the first stop of a different row, each mid-text (inside a speculative round's accepted drafts)."""
+  full = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True))]
+  stops = (full[0][8], full[1][4])
+  want = [cut_at_first(t, stops) for t in full]
+  assert want[0][-1] == stops[0] and want[1][-1] == stops[1] and len(want[0]) < 15 and len(want[1]) < 15
+  return stops, want
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("draft_kind", ["self", "perturbed"])
+def test_greedy_sd_stops_at_the_first_of_several_eos_ids(pair, k, draft_kind):
+  cfg, tp = pair
+  stops, want = two_stop_ids(cfg, tp)
+  opts = DecodeOptions(max_new_tokens=15, eos_id=stops)
+  assert [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)] == want
+  dp = tp if draft_kind == "self" else _perturbed(tp, 0.08, 1)
+  assert [r.token_ids for r in SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k)).generate(PROMPTS, opts)] == want
+
+
 def test_sd_temperature_one_matches_target_joint_distribution():
   """Tokens 2 and 3 (emitted by speculation rounds, not prefill) jointly follow the target's own distribution.
 

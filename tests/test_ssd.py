@@ -11,7 +11,7 @@ from ssd_jax.decode.base import pad_prompts
 from ssd_jax.decode.steps import draft_tree, lookup, prefill
 from ssd_jax.kv_cache import KVCache
 
-from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, v4_pair
+from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids, v4_pair
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,16 @@ def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
   assert 0.2 < hr < 0.98  # both hit and miss rounds contribute
   assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
+
+
+@pytest.mark.parametrize("k,draft_kind", [(4, "self"), (2, "perturbed")])
+def test_greedy_ssd_stops_at_the_first_of_several_eos_ids(pair, k, draft_kind):
+  cfg, tp = pair
+  stops, want = two_stop_ids(cfg, tp)
+  dp = tp if draft_kind == "self" else _perturbed(tp, 0.06, 1)
+  res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k, fan_out=2)).generate(
+      PROMPTS, DecodeOptions(max_new_tokens=15, eos_id=stops))
+  assert [r.token_ids for r in res] == want
 
 
 def test_ssd_bad_input(pair):

@@ -11,7 +11,7 @@ from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.decode.draft_process import split_cores
 
-from test_sd import PROMPTS, _perturbed, assert_joint_matches_target
+from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
 
@@ -54,6 +54,9 @@ def test_split_greedy_equals_ar(pair):
     assert 0 <= ex["target_commit_seconds"] <= ex["draft_wait_seconds"]
     # A second call reuses the same draft process.
     assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]
+    # The draft process stops its rows where the target does, at the first of several stop ids.
+    stops, cut = two_stop_ids(cfg, tp)
+    assert [r.token_ids for r in dec.generate(PROMPTS, DecodeOptions(max_new_tokens=15, eos_id=stops))] == cut
   finally:
     dec.close()
 

@@ -25,7 +25,7 @@ SWEEPS = {
     "fan-out": ("fan_out", ("ssd",), ("1", "2", "3", "4", "6", "8")),
     "temperature": ("temperature", ("ar", "sd", "ssd", "hf-ar", "hf-sd"), ("0", "0.5", "1")),
     "saguaro-c": ("saguaro_c", ("ssd",), ("0.25", "0.5", "0.75", "1")),
-    "batch": ("batch_size", ("ar", "sd", "ssd"), ("1", "2", "4", "8")),
+    "batch": ("batch_size", ("ar", "sd", "ssd"), ("1", "2", "4", "8", "16")),
     "k": ("k", ("sd", "ssd", "hf-sd"), ("1", "2", "3", "4", "6")),
     "backup": ("backup", ("ssd",), ("neural", "fast", "ngram")),
     "ssd-placement": ("ssd_placement", ("ssd",), ("devices", "processes")),

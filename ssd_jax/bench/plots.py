@@ -135,6 +135,52 @@ def speed_vs_sweep(result: dict, path: str) -> bool:
   return True
 
 
+def batch_frontier(result: dict, path: str) -> bool:
+  """The throughput-latency frontier of a batch sweep (the paper's Figure 7, right): tokens a second per row (what
+  one user sees) against tokens a second of the whole batch, a point per batch size, one line per mode."""
+  series = sweep_series(result) if result["args"].get("sweep") == "batch" else None
+  if not series:
+    return False
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for mode, pts in sorted(series.items()):
+    ax.plot([p[1] for p in pts], [p[1] / p[0] for p in pts], "o-", label=mode)
+    for b, tps, _ in pts:
+      ax.annotate(f"{b}", (tps, tps / b), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+  ax.set_xlabel("decode tokens / s, whole batch")
+  ax.set_ylabel("decode tokens / s per row")
+  ax.set_title("Throughput against per-row speed (labels: batch size)")
+  ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def speedup_vs_batch(result: dict, path: str) -> bool:
+  """Speedup over AR at the same batch size against the batch size (the paper's Figure 13), one line per mode."""
+  series = sweep_series(result) if result["args"].get("sweep") == "batch" else None
+  if not series or "ar" not in series or len(series) < 2:
+    return False
+  ar = {b: tps for b, tps, _ in series["ar"]}
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for mode, pts in sorted(series.items()):
+    if mode != "ar":
+      pts = [(b, tps / ar[b]) for b, tps, _ in pts if ar.get(b)]
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{mode} / ar")
+  ax.axhline(1.0, color="grey", linestyle="dotted")
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("batch size")
+  ax.set_ylabel("tokens / s over AR's at the same batch")
+  ax.set_title("Speedup against batch size")
+  ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
 def write_plots(result: dict, out_dir: str) -> list[str]:
   """Writes every figure that the result has data for into out_dir; returns their paths (ImportError: no matplotlib)."""
   _pyplot()
@@ -144,8 +190,9 @@ def write_plots(result: dict, out_dir: str) -> list[str]:
   speed_by_dataset(result, p)
   paths.append(p)
   sweep = result["args"].get("sweep")
-  for name, fn in (("predicted_vs_measured.png", predicted_vs_measured), ("hit_rate_vs_fan_out.png",
-                                                                          hit_rate_vs_fan_out)):
+  for name, fn in (("predicted_vs_measured.png", predicted_vs_measured),
+                   ("hit_rate_vs_fan_out.png", hit_rate_vs_fan_out), ("batch_frontier.png", batch_frontier),
+                   ("speedup_vs_batch.png", speedup_vs_batch)):
     p = os.path.join(out_dir, name)
     if fn(result, p):
       paths.append(p)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ModelConfig
+from ..kernels.platform import device_platform
 from ..metrics import RequestStats
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, StreamFn, cache_slots, pad_prompts
@@ -44,7 +45,7 @@ class ARDecoder:
     key = rep(jax.random.key(opts.seed))
     temp, top_p = rep(jnp.float32(opts.temperature)), rep(jnp.float32(opts.top_p))
     run = self.programs
-    st = dict(cfg=cfg, attn_impl=self.attn_impl)
+    st = dict(cfg=cfg, attn_impl=self.attn_impl, platform=device_platform(self.placement.target_mesh))
     tokens, lengths = rep(jnp.asarray(tokens)), rep(jnp.asarray(lengths))
     zeros = rep(jnp.zeros((b,), jnp.int32))
     # Compile everything the loop needs before the clock starts.
@@ -52,7 +53,7 @@ class ARDecoder:
                          (first_tokens, (params, rep(jnp.zeros((b, cfg.out_vocab))), key, temp, top_p), dict(cfg=cfg)),
                          (ar_step, (params, cache, zeros, rep(zeros > 0), key, rep(jnp.int32(0)), temp, top_p), st)):
       run.compile_only(fn, *args, **kw)
-    eos = opts.stop_id
+    stops = opts.stop_ids
 
     t0 = time.perf_counter()
     logits, cache = run(prefill, params, tokens, lengths, cache, **st)
@@ -61,7 +62,7 @@ class ARDecoder:
     t_prefill = time.perf_counter() - t0
 
     out = [[int(cur_np[i])] for i in range(b)]
-    done = np.array([cur_np[i] == eos or opts.max_new_tokens <= 1 for i in range(b)])
+    done = np.array([int(cur_np[i]) in stops or opts.max_new_tokens <= 1 for i in range(b)])
     forwards = np.ones(b, np.int64)
     finish = np.full(b, time.perf_counter())
     if stream is not None:
@@ -75,7 +76,7 @@ class ARDecoder:
       for i in np.flatnonzero(~done):
         out[i].append(int(cur_np[i]))
         forwards[i] += 1
-        if cur_np[i] == eos or len(out[i]) >= opts.max_new_tokens:
+        if int(cur_np[i]) in stops or len(out[i]) >= opts.max_new_tokens:
           done[i] = True
           finish[i] = now
         if i == 0 and stream is not None:

@@ -1,6 +1,7 @@
 """What every decoder shares: results, batching of ragged prompts, cache sizing, compiled programs, SpecBook."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable, Sequence
 
@@ -62,6 +63,16 @@ def _placement_key(x):
   return (tuple(sorted(d.id for d in sh.device_set)), hlo)
 
 
+def _mesh_of(leaves):
+  """Returns a context that sets the mesh the arguments live on (the target's tensor-parallel mesh), so that kernels
+  XLA cannot partition (Pallas) split themselves over it (kernels/masked_attention/pallas.py); else no context."""
+  for x in leaves:
+    sh = getattr(x, "sharding", None)
+    if isinstance(sh, jax.sharding.NamedSharding) and sh.mesh.size > 1:
+      return jax.set_mesh(sh.mesh)
+  return contextlib.nullcontext()
+
+
 class Programs:
   """Ahead-of-time compiled programs, keyed by the shapes and static arguments of each call.
 
@@ -101,7 +112,8 @@ class Programs:
     if exe is None:
       import time
       t = time.perf_counter()
-      exe = fn.lower(*args, **static).compile()
+      with _mesh_of(leaves):
+        exe = fn.lower(*args, **static).compile()
       self.compile_seconds += time.perf_counter() - t
       self.compiles += 1
       self._compiled[key] = exe
@@ -114,10 +126,9 @@ class SpecBook:
   def __init__(self, prompts, first, opts: DecodeOptions, k: int, now: float):
     b = len(prompts)
     self.opts, self.k = opts, k
-    self.eos = opts.stop_id
     self.out = [[int(first[i])] for i in range(b)]
     self.seqs = [list(p) + [int(first[i])] for i, p in enumerate(prompts)]
-    self.done = np.array([first[i] == self.eos or opts.max_new_tokens <= 1 for i in range(b)])
+    self.done = np.array([opts.cut_at_stop(self.out[i])[1] or opts.max_new_tokens <= 1 for i in range(b)])
     self.forwards = np.ones(b, np.int64)    # target forwards, prefill included
     self.finish = np.full(b, now)
     self.accepted = np.zeros((b, k), np.int64)  # rounds in which draft position j was accepted
@@ -140,12 +151,10 @@ class SpecBook:
       self.reached[i, : min(a + 1, self.k)] += 1
       self.accepted[i, :a] += 1
       new = drafts[i, :a].tolist() + [int(bonus[i])]
-      new = new[: self.opts.max_new_tokens - len(self.out[i])]
-      if self.eos in new:
-        new = new[: new.index(self.eos) + 1]
+      new, stopped = self.opts.cut_at_stop(new[: self.opts.max_new_tokens - len(self.out[i])])
       self.out[i] += new
       self.seqs[i] += new
-      if (new and new[-1] == self.eos) or len(self.out[i]) >= self.opts.max_new_tokens:
+      if stopped or len(self.out[i]) >= self.opts.max_new_tokens:
         self.done[i] = True
         self.finish[i] = now
       if i == 0 and stream is not None:

@@ -15,11 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ModelConfig
+from ..kernels.platform import kernel_platform
 from ..kv_cache import KVCache
 from .base import Programs
 from .eagle_steps import eagle_observe, eagle_prefill, eagle_propose, eagle_tree, init_hist
 from .options import DecodeOptions
 from .steps import draft_propose, draft_tree, prefill
+
+
+# The draft's KV cache is float32 whatever its weights' dtype; the plan (ssd_jax/plan) sizes it from this constant,
+# so a change here changes the plan too.
+CACHE_DTYPE = jnp.float32
 
 
 class SpecTree(NamedTuple):
@@ -36,10 +42,12 @@ def reads_features(cfg) -> bool:
   return getattr(cfg, "kind", None) == "eagle"
 
 
-def make_draft_model(cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray):
-  """Returns the draft model object for `cfg`'s kind (params of an EAGLE draft with the target's parts attached)."""
+def make_draft_model(cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray,
+                     platform: str | None = None):
+  """Returns the draft model object for `cfg`'s kind (params of an EAGLE draft with the target's parts attached);
+  platform: that of the device(s) `put` places it on, which picks its kernels (None: the default backend)."""
   kind = EagleDraftModel if reads_features(cfg) else DraftModel
-  return kind(cfg, params, attn_impl, put, programs, fetch)
+  return kind(cfg, params, attn_impl, put, programs, fetch, platform)
 
 
 class DraftModel:
@@ -49,10 +57,11 @@ class DraftModel:
   feature_layers = ()  # it reads no target features
 
   def __init__(self, cfg: ModelConfig, params, attn_impl: str, put: Callable, programs: Programs,
-               fetch: Callable = np.asarray):
+               fetch: Callable = np.asarray, platform: str | None = None):
     self.cfg, self.attn_impl, self.put, self.run, self.fetch = cfg, attn_impl, put, programs, fetch
     self.params = put(params)
-    self.st = dict(cfg=cfg, attn_impl=attn_impl)
+    self.platform = kernel_platform(platform)
+    self.st = dict(cfg=cfg, attn_impl=attn_impl, platform=self.platform)
     self.window = 2  # committed tokens each proposal reads: x_{L-1}, x_L
 
   def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
@@ -64,7 +73,7 @@ class DraftModel:
     """
     put, b = self.put, tokens.shape[0]
     self._settings(opts, k, saguaro_c, saguaro_top)
-    self.cache = put(KVCache.init(self.cfg, b, slots, self.params["embed"].dtype))  # follows the params
+    self.cache = put(KVCache.init(self.cfg, b, slots, CACHE_DTYPE))
     self.tokens, self.lengths = put(jnp.asarray(tokens)), put(jnp.asarray(lengths))
     z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, k)))
     key = put(jax.random.key(0))
@@ -110,8 +119,9 @@ class EagleDraftModel(DraftModel):
   cache it keeps their fused form by position (eagle_steps: `hist`); a proposal first re-reads the last K+1 committed
   positions from target features, so what it wrote from its own features there is replaced."""
 
-  def __init__(self, cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray):
-    super().__init__(cfg, params, attn_impl, put, programs, fetch)
+  def __init__(self, cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray,
+               platform: str | None = None):
+    super().__init__(cfg, params, attn_impl, put, programs, fetch, platform)
     self.feature_layers = cfg.feature_layers
 
   def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
@@ -119,7 +129,7 @@ class EagleDraftModel(DraftModel):
     put, b = self.put, tokens.shape[0]
     self._settings(opts, k, saguaro_c, saguaro_top)
     self.window = k + 1
-    self.cache = put(KVCache.init(self.cfg, b, slots, self.params["embed"].dtype))  # follows the params
+    self.cache = put(KVCache.init(self.cfg, b, slots, CACHE_DTYPE))
     self.hist = put(init_hist(self.cfg, b, slots))
     self.tokens = put(jnp.asarray(tokens))
     f = self.cfg.feature_dim
@@ -127,7 +137,8 @@ class EagleDraftModel(DraftModel):
     key = put(jax.random.key(0))
     self.run.compile_only(eagle_prefill, self.params, self.tokens, put(jnp.zeros(tokens.shape + (f,))), self.cache,
                           self.hist, **self.st)
-    self.run.compile_only(eagle_observe, self.params, self.hist, put(jnp.zeros((b, k + 1, f))), z)
+    self.run.compile_only(eagle_observe, self.params, self.hist, put(jnp.zeros((b, k + 1, f))), z,
+                          platform=self.platform)
     self.run.compile_only(eagle_propose, self.params, self.cache, self.hist, zw, z, key, *self._sampling, **self.st,
                           k=k, saguaro_top=saguaro_top)
     for fo in dict.fromkeys(fan_outs):
@@ -143,7 +154,8 @@ class EagleDraftModel(DraftModel):
 
   def observe(self, features, start) -> None:
     """Takes a verify's target features [B, K+1, n_feat * d] of positions start..start+K ([B], host)."""
-    self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start))
+    self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start),
+                         platform=self.platform)
 
   def propose(self, window, lengths, key):
     tok, q, self.cache = self.run(eagle_propose, self.params, self.cache, self.hist, self.put(window),

@@ -28,6 +28,7 @@ import traceback
 import jax
 from multiprocessing.connection import Connection
 
+from ..kernels.platform import device_platform
 from .base import Programs
 from .draft import make_draft_model
 from .speculator import Speculation, TreeDraft
@@ -167,5 +168,6 @@ def worker_entry(fd: str, cores: str):
 
 def _tree_draft(cfg, params, spec, attn_impl, calibration, record_ranks) -> TreeDraft:
   dev = jax.devices()[0]
-  model = make_draft_model(cfg, params, attn_impl, lambda x: jax.device_put(x, dev), Programs())
+  model = make_draft_model(cfg, params, attn_impl, lambda x: jax.device_put(x, dev), Programs(),
+                           platform=device_platform(dev))
   return TreeDraft(model, spec, calibration, record_ranks)

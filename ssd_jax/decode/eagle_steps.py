@@ -41,29 +41,30 @@ def _prev_features(hist, positions):
   return jnp.where((positions > 0)[..., None], prev, 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache", "hist"))
-def eagle_prefill(params, tokens, feats, cache: KVCache, hist, cfg: EagleConfig, attn_impl: str = "auto"):
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform"), donate_argnames=("cache", "hist"))
+def eagle_prefill(params, tokens, feats, cache: KVCache, hist, cfg: EagleConfig, attn_impl: str = "auto",
+                  platform: str | None = None):
   """Returns (cache, hist) after the prompts [B, T] and their target features [B, T, n_feat * d] (target prefill).
 
   Positions past a row's prompt hold padding; they are never visible and are rewritten as the row advances.
   """
   b, t = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  hist = hist.at[:, :t].set(eagle.fuse(params, feats))
+  hist = hist.at[:, :t].set(eagle.fuse(params, feats, platform=platform))
   _, _, cache = eagle.forward(params, tokens, _prev_features(hist, pos), pos, cache, pos, causal_mask_info(pos), cfg,
-                              logit_index=jnp.zeros((b, 1), jnp.int32), attn_impl=attn_impl)
+                              logit_index=jnp.zeros((b, 1), jnp.int32), attn_impl=attn_impl, platform=platform)
   return cache, hist
 
 
-@functools.partial(jax.jit, donate_argnames=("hist",))
-def eagle_observe(params, hist, feats, start):
+@functools.partial(jax.jit, static_argnames=("platform",), donate_argnames=("hist",))
+def eagle_observe(params, hist, feats, start, platform: str | None = None):
   """Returns hist with the target features feats [B, T, n_feat * d] of positions start..start+T-1 ([B]) fused in."""
   b, t = feats.shape[:2]
   slots = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  return hist.at[jnp.arange(b)[:, None], slots].set(eagle.fuse(params, feats), mode="drop")
+  return hist.at[jnp.arange(b)[:, None], slots].set(eagle.fuse(params, feats, platform=platform), mode="drop")
 
 
-def _catch_up(params, cache, hist, window, lengths, cfg, attn_impl):
+def _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform):
   """Feeds the last W committed tokens window [B, W] (positions L-W..L-1) reading target features; returns
   (logits after x_{L-1} [B, V_out], hidden state at L-1 [B, d], cache). Positions before 0 are not written."""
   b, w = window.shape
@@ -71,7 +72,7 @@ def _catch_up(params, cache, hist, window, lengths, cfg, attn_impl):
   slots = jnp.where(pos >= 0, pos, cache.num_slots)  # out of range: dropped
   pos = jnp.maximum(pos, 0)
   logits, h, cache = eagle.forward(params, window, _prev_features(hist, pos), pos, cache, slots,
-                                   causal_mask_info(pos), cfg, attn_impl=attn_impl)
+                                   causal_mask_info(pos), cfg, attn_impl=attn_impl, platform=platform)
   return logits[:, -1], h[:, -1], cache
 
 
@@ -86,23 +87,24 @@ def _draw(params, logits, key, temperature, top_p, saguaro_c, saguaro_top: int, 
   return model.to_token_ids(params, tok, cfg), probs
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "saguaro_top"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
+                   donate_argnames=("cache",))
 def eagle_propose(params, cache: KVCache, hist, window, lengths, key, temperature, top_p, saguaro_c, cfg: EagleConfig,
-                  k: int, attn_impl: str = "auto", saguaro_top: int = 0):
+                  k: int, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
   """Returns (draft tokens [B, K], their distributions over the full vocabulary [B, K, V], cache).
 
   window [B, K+1]: the last K+1 committed tokens; lengths [B]: L. Token i (0-based) is drafted at position L-1+i
   reading the draft's own hidden state of the position before (depth i).
   """
   b = window.shape[0]
-  logits, h, cache = _catch_up(params, cache, hist, window, lengths, cfg, attn_impl)
+  logits, h, cache = _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform)
   keys = jax.random.split(key, k)
   toks, qs = [], []
   for i in range(k):
     if i:
       s = (lengths + i - 1)[:, None]
       lg, hh, cache = eagle.forward(params, toks[-1][:, None], h[:, None], s, cache, s, causal_mask_info(s), cfg,
-                                    attn_impl=attn_impl)
+                                    attn_impl=attn_impl, platform=platform)
       logits, h = lg[:, 0], hh[:, 0]
     tok, probs = _draw(params, logits, jax.random.split(keys[i], b), temperature, top_p, saguaro_c, saguaro_top, cfg)
     toks.append(tok)
@@ -128,10 +130,11 @@ def fork(params, g, spec, cfg, k: int, fan_out: tuple):
   return model.to_token_ids(params, top_rows[:, branch_j, rank], cfg), jnp.asarray(branch_j)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "saguaro_top"),
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "platform", "saguaro_top"),
                    donate_argnames=("cache",))
 def eagle_tree(params, cache: KVCache, hist, window, spec, lengths, key, temperature, top_p, saguaro_c,
-               cfg: EagleConfig, k: int, fan_out: tuple, attn_impl: str = "auto", saguaro_top: int = 0):
+               cfg: EagleConfig, k: int, fan_out: tuple, attn_impl: str = "auto", platform: str | None = None,
+               saguaro_top: int = 0):
   """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], glue probs [B, K+1, V_out],
   cache): steps.draft_tree's speculation cache, drafted by an EAGLE draft while the target verifies `spec` [B, K].
 
@@ -141,12 +144,12 @@ def eagle_tree(params, cache: KVCache, hist, window, spec, lengths, key, tempera
   draft_tree, and it sees the glue up to its fork point and its own scratch entries.
   """
   b, n = spec.shape[0], sum(fan_out)
-  logits, h, cache = _catch_up(params, cache, hist, window, lengths, cfg, attn_impl)
+  logits, h, cache = _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform)
   gs, hs = [logits], [h]
   for i in range(k):
     s = (lengths + i)[:, None]
     lg, hh, cache = eagle.forward(params, spec[:, i:i + 1], hs[-1][:, None], s, cache, s, causal_mask_info(s), cfg,
-                                  attn_impl=attn_impl)
+                                  attn_impl=attn_impl, platform=platform)
     gs.append(lg[:, 0])
     hs.append(hh[:, 0])
   g, hg = jnp.stack(gs, 1), jnp.stack(hs, 1)  # [B, K+1, V_out], [B, K+1, d]
@@ -161,7 +164,7 @@ def eagle_tree(params, cache: KVCache, hist, window, spec, lengths, key, tempera
     mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
     lg, h_in, cache = eagle.forward(params, inp, h_in, vis_end + d, cache, tree_start[:, None] + d * n + branch,
-                                    mask, cfg, attn_impl=attn_impl)
+                                    mask, cfg, attn_impl=attn_impl, platform=platform)
     inp, probs = _draw(params, lg, jax.random.fold_in(keys[0], d), temperature, top_p, saguaro_c, saguaro_top, cfg)
     out_t.append(inp)
     out_q.append(probs)

@@ -28,7 +28,9 @@ class DecodeOptions:
   top_p: float = 1.0
   seed: int = 0
   ignore_eos: bool = False      # produce exactly max_new_tokens
-  eos_id: int | None = None
+  # The token id, or ids, that end a row: Llama 3 stops on several (<|eot_id|>, <|end_of_text|>, <|eom_id|>).
+  # Stored as a sorted tuple (hashable, the same for every way of giving the same set).
+  eos_id: int | Sequence[int] | None = None
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -37,11 +39,27 @@ class DecodeOptions:
       raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
     if not np.isfinite(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    e = self.eos_id.tolist() if isinstance(self.eos_id, np.ndarray) else self.eos_id
+    ids = () if e is None else (e,) if isinstance(e, (int, np.integer, str)) or not np.iterable(e) else tuple(e)
+    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in ids):
+      raise ValueError(f"eos_id must be a token id >= 0 or a collection of them, got {self.eos_id!r}")
+    object.__setattr__(self, "eos_id", tuple(sorted({int(i) for i in ids})))
 
   @property
-  def stop_id(self) -> int:
-    """The token id that ends a row (-1: none, when ignoring EOS)."""
-    return self.eos_id if (self.eos_id is not None and not self.ignore_eos) else -1
+  def stop_ids(self) -> frozenset[int]:
+    """The token ids that end a row (none when ignoring EOS)."""
+    return frozenset(() if self.ignore_eos else self.eos_id)
+
+  def cut_at_stop(self, tokens: Sequence[int]) -> tuple[list[int], bool]:
+    """Returns (tokens up to and including the first stop id of any kind, whether one was there).
+
+    The speculative decoders commit each round through this, so a round that accepted several tokens ends exactly
+    where AR, checking `stop_ids` one token at a time, would have stopped."""
+    stops = self.stop_ids
+    for j, t in enumerate(tokens):
+      if int(t) in stops:
+        return [int(x) for x in tokens[: j + 1]], True
+    return [int(x) for x in tokens], False
 
 
 def _counts(fan_out, k: int, what: str) -> tuple[int, ...]:

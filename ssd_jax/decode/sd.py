@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ModelConfig
+from ..kernels.platform import device_platform
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts
 from .draft import make_draft_model
@@ -35,7 +36,8 @@ class SDDecoder:
     self.tparams = pl.shard_target(target_params, target_cfg)
     self.programs = Programs()
     # Colocated, as the paper's SD baseline: the draft is replicated on the target's devices.
-    model = make_draft_model(draft_cfg, draft_params, attn_impl, pl.to_target, self.programs, pl.fetch)
+    self.platform = device_platform(pl.target_mesh)  # picks the kernels of every program (kernels/platform.py)
+    model = make_draft_model(draft_cfg, draft_params, attn_impl, pl.to_target, self.programs, pl.fetch, self.platform)
     self.dparams = model.params
     self.feature_layers = model.feature_layers  # the target's features an EAGLE draft reads (none otherwise)
     self.draft = ChainDraft(model, spec)
@@ -56,7 +58,7 @@ class SDDecoder:
                             self.tparams["embed"].dtype)
     key, temp, top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                          jnp.float32(opts.top_p)))
-    st = dict(cfg=cfg, attn_impl=self.attn_impl, feature_layers=self.feature_layers)
+    st = dict(cfg=cfg, attn_impl=self.attn_impl, feature_layers=self.feature_layers, platform=self.platform)
     tokens, lengths = rep(tokens), rep(lengths)
     z = rep(jnp.zeros((b,), jnp.int32))
     self.draft.prepare(DraftJob(prompts, opts))

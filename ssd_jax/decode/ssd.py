@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import ModelConfig
+from ..kernels.platform import device_platform
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts
 from .draft import make_draft_model
@@ -57,7 +58,7 @@ class SSDDecoder:
     if spec.placement == "devices":
       self.ddev = self.placement.draft_device
       model = make_draft_model(draft_cfg, draft_params, attn_impl, lambda x: jax.device_put(x, self.ddev),
-                               self.programs)
+                               self.programs, platform=device_platform(self.ddev))
       self.dparams = model.params
       self.draft = InProcessDraft(TreeDraft(model, spec, calibration, record_ranks))
     else:
@@ -172,7 +173,8 @@ class _TargetRun:
   def __init__(self, dec: SSDDecoder, tokens, lengths, opts: DecodeOptions):
     pl, cfg, k, b = dec.placement, dec.tcfg, dec.spec.k, tokens.shape[0]
     self.dec, self.programs, self.fetch, self.rep = dec, dec.programs, pl.fetch, pl.to_target
-    rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers)
+    rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers,
+                                      platform=device_platform(pl.target_mesh))
     # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back.
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2)
     self.cache = pl.target_cache(cfg, b, slots, dec.tparams["embed"].dtype)

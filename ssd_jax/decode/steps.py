@@ -62,18 +62,19 @@ def sd_round_keys(draft_root, rnd):
   return kd, kv
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "feature_layers"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform", "feature_layers"),
+                   donate_argnames=("cache",))
 def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto",
-            feature_layers: tuple = ()):
+            platform: str | None = None, feature_layers: tuple = ()):
   """Returns (logits at each row's last prompt token [B, V_out], cache holding the prompts, lengths set), plus the
   target features of every prompt position [B, T_pad, n_feat * d] when `feature_layers` is given (an EAGLE draft).
 
-  Static: cfg, attn_impl, feature_layers and the shapes (tokens are padded to a bucket, so a few programs serve all
-  prompts).
+  Static: cfg, attn_impl, platform (what the program is compiled for; it picks the kernels), feature_layers and the
+  shapes (tokens are padded to a bucket, so a few programs serve all prompts).
   """
   cache = cache.replace(lengths=jnp.zeros_like(lengths))
   out = model.forward_causal(params, tokens, cache, cfg, logit_index=(lengths - 1)[:, None], attn_impl=attn_impl,
-                             feature_layers=feature_layers)
+                             feature_layers=feature_layers, platform=platform)
   logits, cache = out[0], out[1].replace(lengths=lengths)
   return (logits[:, 0], cache) + tuple(out[2:])
 
@@ -86,15 +87,15 @@ def first_tokens(params, logits, key, temperature, top_p, cfg: ModelConfig):
   return model.to_token_ids(params, jax.vmap(sampling.sample)(keys, probs), cfg)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform"), donate_argnames=("cache",))
 def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p, cfg: ModelConfig,
-            attn_impl: str = "auto"):
+            attn_impl: str = "auto", platform: str | None = None):
   """Returns (next tokens [B], cache) after appending `tokens` [B] to every row.
 
-  Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, shapes;
+  Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, platform, shapes;
   temperature, top_p and step are dynamic, so one program serves the whole decode loop.
   """
-  logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl)
+  logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl, platform=platform)
   keys = sampling.row_keys(key, step, tokens.shape[0])
   # Greedy skips the softmax and the Gumbel draw over the vocabulary (a few ms per token on CPU).
   nxt = jax.lax.cond(temperature > 0,
@@ -104,9 +105,10 @@ def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p,
   return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "feature_layers"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform", "feature_layers"),
+                   donate_argnames=("cache",))
 def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperature, top_p, cfg: ModelConfig,
-           attn_impl: str = "auto", feature_layers: tuple = ()):
+           attn_impl: str = "auto", platform: str | None = None, feature_layers: tuple = ()):
   """Returns (accept_len [B], bonus [B], cache) for one verification of [x_L, s_1..s_K] per row, plus the target
   features of those K+1 positions [B, K+1, n_feat * d] when `feature_layers` is given (an EAGLE draft reads them).
 
@@ -114,7 +116,8 @@ def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperatu
   feature_layers and shapes; temperature and top_p are dynamic.
   """
   tokens = jnp.concatenate([bonus_prev[:, None], drafts], axis=1)
-  out = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl, feature_layers=feature_layers)
+  out = model.forward_causal(params, tokens, cache, cfg, attn_impl=attn_impl, feature_layers=feature_layers,
+                             platform=platform)
   logits, cache = out[0], out[1]
 
   def sampled(lg):
@@ -128,9 +131,10 @@ def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperatu
   return (accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))) + tuple(out[2:])
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "saguaro_top"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
+                   donate_argnames=("cache",))
 def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
-                  k: int, attn_impl: str = "auto", saguaro_top: int = 0):
+                  k: int, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
   """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache).
 
   last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k,
@@ -140,7 +144,7 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
   slots = lengths[:, None] - 2 + jnp.arange(2)[None, :]
   slots = jnp.maximum(slots, 0)
   logits, cache = model.forward(params, last2, slots, cache, slots, causal_mask_info(slots), cfg,
-                                logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl)
+                                logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl, platform=platform)
   keys = jax.random.split(key, k)
 
   def draw(logits_row, kk):
@@ -160,7 +164,7 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
     pos = lengths + i - 1  # slot of draft token i-1 (0-based): x_L sits at L-1
     s = (pos)[:, None]
     lg, cache = model.forward(params, toks[:, i - 1][:, None], s, cache, s, causal_mask_info(s), cfg,
-                              attn_impl=attn_impl)
+                              attn_impl=attn_impl, platform=platform)
     t, qq = draw(lg[:, 0], keys[i])
     return cache, toks.at[:, i].set(t), qs.at[:, i].set(qq)
 
@@ -175,10 +179,10 @@ def tree_lookahead(k: int, fan_out: tuple) -> int:
   return k + 2 + k * sum(fan_out)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "saguaro_top"),
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "platform", "saguaro_top"),
                    donate_argnames=("cache",))
 def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
-               k: int, fan_out: tuple, attn_impl: str = "auto", saguaro_top: int = 0):
+               k: int, fan_out: tuple, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
   """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], g, cache), N = sum(fan_out).
 
   tree_q holds each tree token's exact distribution over the draft's output rows (its head vocabulary, where all of
@@ -198,7 +202,8 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
   toks = jnp.concatenate([last2, spec], axis=1)
   slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(k + 2)[None, :], 0)
   g, cache = model.forward(params, toks, slots, cache, slots, causal_mask_info(slots), cfg,
-                           logit_index=jnp.broadcast_to(1 + jnp.arange(k + 1), (b, k + 1)), attn_impl=attn_impl)
+                           logit_index=jnp.broadcast_to(1 + jnp.arange(k + 1), (b, k + 1)), attn_impl=attn_impl,
+                           platform=platform)
   # Fork: top-F bonus candidates per acceptance length j, the drafted token s_{j+1} excluded for j < K.
   probs_g = sampling.processed_probs(g, 1.0, 1.0)  # ranking only; temperature does not change the order
   if cfg.head_vocab is None:
@@ -223,7 +228,7 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
     wslots = tree_start[:, None] + d * n + branch
     mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
-    lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl)
+    lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl, platform=platform)
     def sampled(lg):
       probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
       probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)

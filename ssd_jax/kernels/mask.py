@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec as P
 
 
 @struct.dataclass
@@ -50,3 +51,15 @@ def visible_mask(mask: MaskInfo, num_slots: int) -> jax.Array:
 def visible_at(mask: MaskInfo, slots: jax.Array) -> jax.Array:
   """Returns [B, T, U]: whether query t sees a key stored at slot `slots[b, u]`."""
   return _sees(mask, slots[:, None, :])
+
+
+def kernel_specs(q_sharding, k_sharding):
+  """Returns the PartitionSpecs (q and output, k and v, per-query metadata, per-row metadata) an attention kernel
+  (C++ or Pallas; XLA cannot partition either) runs under on a mesh: batch and heads may be split (rows and KV
+  groups are independent), the cache's slots and head dimension must be whole. Query heads follow the KV heads'
+  split only where both are split the same way (GQA groups then stay on one device); otherwise heads are gathered."""
+  qs = (tuple(q_sharding.spec) + (None,) * 4)[:4]
+  ks = (tuple(k_sharding.spec) + (None,) * 4)[:4]
+  b_ax = qs[0] if qs[0] == ks[0] else None
+  h_ax = qs[2] if qs[2] == ks[2] else None
+  return P(b_ax, None, h_ax, None), P(b_ax, None, h_ax, None), P(b_ax, None), P(b_ax)

@@ -13,6 +13,11 @@ def tokenize_conversations(tok, conversations, progress: bool = True):
 
   from ..datasets import chat_pieces
 
+  if hasattr(tok, "writes_chatml") and not tok.writes_chatml():
+    # The pieces below are SmolLM2's ChatML; under another template they would train the draft on text the target
+    # never sees (Llama 3 has no <|im_start|>: it would be spelled out byte by byte).
+    raise ValueError("draft training writes conversations in SmolLM2's ChatML template; this target's chat template "
+                     "differs (train on its own answers only, or use an off-the-shelf draft)")
   ids, mask = [], []
   convs = list(conversations)
   batch = 256

@@ -1,17 +1,17 @@
 """Masked attention over a KV cache, described by compact per-query metadata (`..mask`), and the one switch between
 its implementations, each in its own module beside the reference:
 
-  * 'auto' (default): 'cpu' on a CPU backend for float32 inputs when the kernel builds, else 'ref'.
+  * 'auto' (default): 'cpu' for a program compiled for a CPU with float32 inputs when the kernel builds, else 'ref'.
   * 'ref' (ref.py): the pure-jnp oracle (float32 scores over the whole cache).
   * 'cpu' (cpu.py): a C++ XLA:CPU kernel that walks only the slots each query sees.
   * 'pallas' (pallas.py): flash-decoding kernels, Triton layout on GPU, Mosaic on TPU, interpret mode on CPU.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ..mask import MaskInfo, causal_mask_info, visible_at, visible_mask
+from ..platform import kernel_platform
 from .cpu import cpu_attention, cpu_attention_available, cpu_attention_variant
 from .pallas import pallas_attention
 from .ref import ref_attention
@@ -22,33 +22,37 @@ __all__ = ["IMPLS", "MaskInfo", "attention", "causal_mask_info", "cpu_attention"
 IMPLS = ("auto", "ref", "cpu", "pallas")
 
 
-def resolve_impl(impl: str, q=None, k=None) -> str:
-  """Returns the implementation 'auto' stands for: the CPU kernel on a CPU backend for float32 inputs when it
-  builds, else the reference. Other names are returned as they are (after a check)."""
+def resolve_impl(impl: str, q=None, k=None, platform: str | None = None) -> str:
+  """Returns the implementation 'auto' stands for in a program compiled for `platform` (None: the default backend):
+  the CPU kernel on a CPU for float32 inputs when it builds, else the reference. Other names are returned as they
+  are (after a check)."""
   if impl not in IMPLS:
     raise ValueError(f"unknown attention implementation {impl!r}; choose one of {', '.join(IMPLS)}")
   if impl != "auto":
     return impl
   f32 = all(x is None or x.dtype == jnp.float32 for x in (q, k))
-  return "cpu" if f32 and jax.default_backend() == "cpu" and cpu_attention_available() else "ref"
+  return "cpu" if f32 and kernel_platform(platform) == "cpu" and cpu_attention_available() else "ref"
 
 
-def attention(q, k, v, mask: MaskInfo, k_new=None, v_new=None, new_slots=None, impl: str = "auto", **kernel_options):
+def attention(q, k, v, mask: MaskInfo, k_new=None, v_new=None, new_slots=None, impl: str = "auto",
+              platform: str | None = None, **kernel_options):
   """Returns masked attention [B, T, H, D] (see `ref_attention`) by the chosen implementation.
 
   impl: 'auto' (the default: 'cpu' on a CPU for float32 inputs when the kernel builds, else 'ref'), 'ref' (pure jnp,
   the oracle), 'cpu' (`cpu_attention`, the C++ kernel; float32 on a CPU) or 'pallas' (`pallas_attention`: Triton on
   GPU, Mosaic on TPU, interpret mode on CPU); kernel_options (block sizes, kernel, interpret) go to the Pallas
-  kernel. The kernels only read the cache: a call that passes unwritten keys (k_new, given by no model path, since
-  the model writes the cache first) is served by the reference whatever impl says.
+  kernel. platform: what the program is compiled for (None: the default backend); it picks 'auto', the Pallas
+  kernel's lowering and interpret mode. The kernels only read the cache: a call that passes unwritten keys (k_new,
+  given by no model path, since the model writes the cache first) is served by the reference whatever impl says.
   """
-  impl = resolve_impl(impl, q, k)
+  platform = kernel_platform(platform)
+  impl = resolve_impl(impl, q, k, platform)
   if impl == "ref" or k_new is not None:
     return ref_attention(q, k, v, mask, k_new, v_new, new_slots)
   if impl == "cpu":
-    if jax.default_backend() != "cpu" or q.dtype != jnp.float32 or k.dtype != jnp.float32:
-      raise ValueError("attention 'cpu' runs float32 on a CPU backend; use 'auto', 'ref' or 'pallas'")
+    if platform != "cpu" or q.dtype != jnp.float32 or k.dtype != jnp.float32:
+      raise ValueError("attention 'cpu' runs float32 in a program for a CPU; use 'auto', 'ref' or 'pallas'")
     if not cpu_attention_available():
       raise ValueError("the CPU attention kernel could not be built (see the message above); use 'auto' or 'ref'")
     return cpu_attention(q, k, v, mask).astype(q.dtype)
-  return pallas_attention(q, k, v, mask, **kernel_options)
+  return pallas_attention(q, k, v, mask, platform=platform, **kernel_options)

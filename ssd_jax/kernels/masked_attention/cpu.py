@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from .. import cpu_ffi
-from ..mask import MaskInfo
+from ..mask import MaskInfo, kernel_specs
 from .ref import ref_attention
 
 
@@ -30,17 +30,6 @@ def _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width
                                                       tree_width=np.int64(tree_width))
 
 
-def _cpu_specs(q_sharding, k_sharding):
-  """Returns the shardings the kernel runs under: batch and heads may be split (rows and KV groups are independent),
-  the cache's slots and head dimension must be whole. Query heads follow the KV heads' split only where both are
-  split the same way (GQA groups then stay on one device); otherwise heads are gathered."""
-  qs = (tuple(q_sharding.spec) + (None,) * 4)[:4]
-  ks = (tuple(k_sharding.spec) + (None,) * 4)[:4]
-  b_ax = qs[0] if qs[0] == ks[0] else None
-  h_ax = qs[2] if qs[2] == ks[2] else None
-  return P(b_ax, None, h_ax, None), P(b_ax, None, h_ax, None), P(b_ax, None), P(b_ax)
-
-
 @functools.lru_cache(maxsize=None)
 def _cpu_partitioned(tree_width: int):
   """The kernel call with a sharding rule, so on a mesh each device attends over its own rows and KV heads instead
@@ -51,10 +40,10 @@ def _cpu_partitioned(tree_width: int):
     return _cpu_local(q, k, v, vis_end, tree_start, tree_branch, tree_depth, tree_width)
 
   def infer(mesh, arg_shapes, result_shape):
-    return NamedSharding(mesh, _cpu_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)[0])
+    return NamedSharding(mesh, kernel_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)[0])
 
   def partition(mesh, arg_shapes, result_shape):
-    qs, kvs, meta, start = _cpu_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)
+    qs, kvs, meta, start = kernel_specs(arg_shapes[0].sharding, arg_shapes[1].sharding)
     lower = functools.partial(_cpu_local, tree_width=tree_width)
     args = tuple(NamedSharding(mesh, x) for x in (qs, kvs, kvs, meta, start, meta, meta))
     return mesh, lower, NamedSharding(mesh, qs), args

@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 from ..mask import MaskInfo
+from ..platform import kernel_platform
 
 _NEG = -1e30  # finite "minus infinity": exp(_NEG - _NEG) is 1, not NaN, so masked terms are zeroed explicitly
 
@@ -153,30 +155,62 @@ def _cost(q, k, out_bytes: int) -> pl.CostEstimate:
                          bytes_accessed=kv_bytes + q.size * q.dtype.itemsize + out_bytes)
 
 
-@functools.partial(jax.jit, static_argnames=("kernel", "interpret", "block_q", "block_k", "split_k"))
+@functools.partial(jax.jit, static_argnames=("kernel", "interpret", "block_q", "block_k", "split_k", "platform"))
 def pallas_attention(q, k, v, mask: MaskInfo, *, kernel: str | None = None, interpret: bool | None = None,
-                     block_q: int | None = None, block_k: int | None = None, split_k: int | None = None):
+                     block_q: int | None = None, block_k: int | None = None, split_k: int | None = None,
+                     platform: str | None = None):
   """Returns `ref_attention(q, k, v, mask)` computed by a Pallas kernel, [B, T, H, D] in q's dtype.
 
   kernel: 'triton' (GPU layout: grid (B, G, query blocks, cache splits), partial softmaxes merged by log-sum-exp
-  after the call) or 'mosaic' (TPU layout: grid (B, query blocks, key blocks), merged in VMEM); default 'mosaic' on
-  TPU, else 'triton'. interpret: run the kernel in interpret mode (default: on CPU). block_q: query rows (queries x
+  after the call) or 'mosaic' (TPU layout: grid (B, query blocks, key blocks), merged in VMEM); default 'mosaic' for
+  TPU, else 'triton'. interpret: run the kernel in interpret mode (default: for CPU). platform: what the program is
+  compiled for (None: the default backend), which sets both defaults. block_q: query rows (queries x
   the H/G heads of one KV head) per program; block_k: keys per inner step; split_k: cache slots per program (triton
   only; default: enough splits to fill a GPU, 256-1024 slots each). Static: all keyword arguments, the shapes and
   mask.tree_width.
   Scores accumulate in float32; the probabilities meet V in the compute dtype (bfloat16 for a bfloat16 cache).
   Padding that costs a copy of the cache: S to a multiple of block_k, and for triton D to a power of two >= 16.
+  On a mesh each device runs the kernel over its own rows and KV heads (`_partitioned`).
   """
-  backend = jax.default_backend()
+  backend = kernel_platform(platform)
   kernel = kernel or ("mosaic" if backend == "tpu" else "triton")
   if kernel not in ("triton", "mosaic"):
     raise ValueError(f"unknown Pallas attention kernel {kernel!r}; choose 'triton' or 'mosaic'")
   if interpret is None:
     interpret = backend == "cpu"
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f"query heads {q.shape[2]} must be a multiple of key/value heads {k.shape[2]}")
+  options = (("kernel", kernel), ("interpret", interpret), ("block_q", block_q), ("block_k", block_k),
+             ("split_k", split_k))
+  return _partitioned(mask.tree_width, options)(q, k, v, mask.visible_end, mask.tree_start, mask.tree_branch,
+                                                mask.tree_depth)
+
+
+def _partitioned(tree_width: int, options: tuple):
+  """Returns the kernel call for this mesh: XLA cannot partition a Pallas (Mosaic or Triton) call, so under a mesh
+  (`jax.set_mesh`, which Programs and the plan lower under) each device attends over its own KV heads and their
+  query heads through shard_map (GQA groups stay whole: query head h reads KV head h // (H / G)); without a mesh,
+  the plain call."""
+  def local(q, k, v, vis_end, tree_start, tree_branch, tree_depth):
+    return _local(q, k, v, MaskInfo(vis_end, tree_start, tree_branch, tree_depth, tree_width), **dict(options))
+
+  def call(q, k, v, *meta):
+    mesh = jax.sharding.get_abstract_mesh()
+    n = 1 if mesh.empty else mesh.size
+    if n == 1:
+      return local(q, k, v, *meta)
+    # Heads that do not divide the mesh are replicated (as the sharding rules leave them): every device runs them all.
+    heads = P() if k.shape[2] % n or q.shape[2] % n else P(None, None, mesh.axis_names, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, P(), P(), P(), P()), out_specs=heads,
+                         check_vma=False)(q, k, v, *meta)
+  return call
+
+
+def _local(q, k, v, mask: MaskInfo, *, kernel: str, interpret: bool, block_q: int | None, block_k: int | None,
+           split_k: int | None):
+  """Returns attention [B, T, H, D] in q's dtype by the chosen kernel on one device's arrays."""
   b, t, h, d = q.shape
   s, g = k.shape[1], k.shape[2]
-  if h % g:
-    raise ValueError(f"query heads {h} must be a multiple of key/value heads {g}")
   r = h // g
   rows = t * r
   scale = d ** -0.5
