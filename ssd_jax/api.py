@@ -250,7 +250,7 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   devices share one thread pool, so this is the placement that gives the draft hardware of its own) or 'auto' (the
   default: 'processes' on a CPU with at least two usable cores, else 'devices'; `defaults.auto_ssd_placement`).
   dtype: the floating params' dtype on device, for target and draft: 'auto' (the checkpoint's on accelerators,
-  float32 on a CPU: `checkpoints.param_dtype`), 'float32', 'bfloat16' or 'float16'. KV caches follow it.
+  float32 on a CPU: `checkpoints.param_dtype`), 'float32', 'bfloat16' or 'float16'. The target's KV cache follows it.
   weights: 'full' (as loaded) or 'int8' (the target's layer matrices weight-only int8 per output channel:
   ssd_jax/quant.py; the draft, small and latency-bound, keeps its dtype).
   """
