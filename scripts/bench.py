@@ -53,6 +53,9 @@ def parse_args(argv=None):
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
   p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
+  p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--quantize", default="full", choices=["full", "int8"], help="int8: weight-only int8 target")
   p.add_argument("--attention", default="auto",
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
   p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
@@ -401,7 +404,8 @@ def load_pipe(args, modes):
     pipe.attn_impl = args.attention
   else:
     pipe = api.load(args.target, draft=args.draft if spec else None, attn_impl=args.attention,
-                    target_devices=args.target_devices, draft_devices=args.draft_devices)
+                    target_devices=args.target_devices, draft_devices=args.draft_devices, dtype=args.dtype,
+                    weights=args.quantize)
   if spec and pipe.draft is None:
     fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
   return pipe

@@ -72,6 +72,10 @@ def make_parser() -> argparse.ArgumentParser:
                  help="ssd: the draft on its own JAX device of this process, or in its own process pinned to its "
                       "own CPU cores (the target pinned to the others); auto (default): processes on a CPU with "
                       "2+ usable cores and a one-device target, else devices")
+  p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--quantize", default="full", choices=["full", "int8"],
+                 help="int8: the target's matrices weight-only int8 per output channel (opt-in)")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)
@@ -199,7 +203,7 @@ def main(argv=None):
 
   pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,
                   target_devices=args.target_devices, draft_devices=args.draft_devices,
-                  ssd_placement=args.ssd_placement)
+                  ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,

@@ -17,8 +17,9 @@ import os
 from typing import Callable, Sequence
 
 import numpy as np
+from jax.sharding import Mesh
 
-from . import checkpoints, defaults
+from . import checkpoints, defaults, quant
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
@@ -236,7 +237,8 @@ def draft_dir(draft: str | None = "default") -> str | None:
 
 
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
-         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto") -> Pipeline:
+         target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto", dtype: str = "auto",
+         weights: str = "full") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
@@ -248,17 +250,24 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   child process pinned to its own CPU cores, the target pinned to the others while decoding: on a CPU, in-process
   devices share one thread pool, so this is the placement that gives the draft hardware of its own) or 'auto' (the
   default: 'processes' on a CPU with at least two usable cores, else 'devices'; `defaults.auto_ssd_placement`).
+  dtype: the floating params' dtype on device, for target and draft: 'auto' (the checkpoint's on accelerators,
+  float32 on a CPU: `checkpoints.param_dtype`), 'float32', 'bfloat16' or 'float16'. The target's KV cache follows it.
+  weights: 'full' (as loaded) or 'int8' (the target's layer matrices weight-only int8 per output channel:
+  ssd_jax/quant.py; the draft, small and latency-bound, keeps its dtype).
   """
   if ssd_placement not in SSD_PLACEMENTS:
     raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
+  if weights not in quant.WEIGHT_FORMATS:
+    raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(quant.WEIGHT_FORMATS)}")
   placement = make_placement(target_devices, draft_devices)
-  tcfg, tparams, tok = checkpoints.load_model(target)
+  tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
+  tparams = quant.quantize_params(tparams, weights)
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None
   path = draft_dir(draft)
   if path is not None:
-    dcfg, dparams, _ = checkpoints.load_model(path)
+    dcfg, dparams, _ = checkpoints.load_model(path, dtype, mesh=Mesh(np.asarray([placement.draft_device]), ("tp",)))
     if getattr(dcfg, "kind", None) == "eagle":  # an EAGLE draft reads with the target's embedding and head
       from .eagle import attach_target, check_target
       check_target(dcfg, tcfg)
@@ -267,7 +276,8 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
 
 
-def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False) -> Pipeline:
+def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False,
+              dtype: str = "float32") -> Pipeline:
   """Returns a Pipeline over a tiny random target and draft with a byte-level tokenizer (tests and smoke runs).
 
   The target is a 2-layer d32 Llama over the 259-token vocabulary of `byte_level_tokenizer`. The draft is the same
@@ -275,7 +285,7 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
   so it agrees with the target wherever the text avoids them: drafts get accepted, SSD's cache hits, and every code
   path of the real pair runs. eagle=True gives an EAGLE draft instead (ssd_jax/eagle.py, random weights over the
   same reduced vocabulary, reading a 4-layer target): its guesses are poor, but every code path of a draft that
-  reads the target's features runs.
+  reads the target's features runs. dtype: the params' dtype ('bfloat16' for 16-bit tests).
   """
   import jax
   import jax.numpy as jnp
@@ -288,7 +298,7 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
   known = [i for i in range(tok.vocab_size) if not 0xA1 <= ord(tok.tok.id_to_token(i)[0]) <= 0xFF]
   tcfg = tiny_config(vocab_size=tok.vocab_size, name="tiny-target", n_layers=4 if eagle else 2)
   dcfg = tiny_config(vocab_size=tok.vocab_size, head_vocab=len(known), name="tiny-draft")
-  tparams = init_params(jax.random.key(seed), tcfg, scale=0.3)
+  tparams = checkpoints.cast_params(init_params(jax.random.key(seed), tcfg, scale=0.3), dtype)
   if eagle:
     from . import eagle as eagle_model
     ecfg = eagle_model.config_for_target(tcfg, len(known), name="tiny-eagle")

@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .families import CheckpointError
-from .model_files import read_gguf, read_hf_safetensors
+from .model_files import read_gguf
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
@@ -83,18 +83,56 @@ def _abstract_params(cfg):
              "final_norm": jax.ShapeDtypeStruct((cfg.d_model,), np_.float32)}
     return jax.eval_shape(lambda t: eagle.detach_target(eagle.init_params(jax.random.key(0), cfg, t,
                                                                            np_.arange(cfg.out_vocab))), dummy)
-  from .model import init_params
-  return jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+  from .param_decls import abstract_params
+  return abstract_params(cfg)
 
 
-def load_checkpoint(directory: str):
-  """Returns (config, params as float32 jax arrays on the default device) from a directory written by
-  save_checkpoint. An EAGLE draft's params come without the target's parts (eagle.attach_target adds them)."""
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def param_dtype(dtype: str | None, stored) -> np.dtype:
+  """Returns the dtype a floating param stored as `stored` takes on device under `dtype` (one of DTYPES).
+
+  'auto' keeps the checkpoint's dtype on accelerators (16-bit weights halve the bytes every step streams) and gives
+  float32 on a CPU: there XLA runs bfloat16/float16 products about 10x slower than float32 (420 ms against 42 ms a
+  SmolLM2 step, docs/design.md) and the few-row C++ kernel that makes verify cheap takes float32 only.
+  """
   import jax
-  import jax.numpy as jnp
+  import ml_dtypes
+
+  if dtype not in DTYPES and dtype is not None:
+    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+  if dtype in (None, "auto"):
+    if jax.default_backend() == "cpu" or np.dtype(stored) == np.float64:
+      return np.dtype(np.float32)
+    return np.dtype(stored)
+  return np.dtype(getattr(ml_dtypes, dtype, dtype))
+
+
+def cast_params(params, dtype: str | None):
+  """Returns params with each floating array in param_dtype(dtype, its dtype); integer arrays are left alone. Works
+  on numpy and jax arrays without moving them."""
+  import jax
+
+  def cast(x):
+    if not np.issubdtype(x.dtype, np.floating) and x.dtype.name not in ("bfloat16", "float16"):
+      return x
+    dt = param_dtype(dtype, x.dtype)
+    return x if x.dtype == dt else x.astype(dt)
+  return jax.tree.map(cast, params)
+
+
+def load_checkpoint(directory: str, dtype: str | None = "auto", mesh=None):
+  """Returns (config, params as jax arrays) from a directory written by save_checkpoint, floating arrays in
+  param_dtype(dtype, stored dtype): restored by Orbax straight onto `mesh` (1-D, axis "tp") with
+  sharding.param_specs' shardings when given, else onto the default device. An EAGLE draft's params come without the
+  target's parts (eagle.attach_target adds them) and always go to the default device."""
+  import jax
   import orbax.checkpoint as ocp
 
   directory = os.path.abspath(directory)
+  if dtype not in DTYPES and dtype is not None:
+    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path) or not os.path.isdir(os.path.join(directory, "params")):
     raise CheckpointError(f"{directory} is not an ssd-jax checkpoint (needs config.json and params/)")
@@ -105,12 +143,12 @@ def load_checkpoint(directory: str):
     stored = ckptr.metadata(os.path.join(directory, "params"))
     stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)
-    # Restore in the stored dtype (16-bit drafts), then widen floating arrays to float32 for compute.
-    abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
-                            stored)
-    params = ckptr.restore(os.path.join(directory, "params"), abstract)
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                          params)
+    if mesh is not None and getattr(cfg, "kind", None) != "eagle":
+      abstract = _placed_abstract(cfg, abstract, stored, dtype, mesh)
+    else:  # restore in the stored dtype (16-bit drafts), then give floating arrays the dtype asked for
+      abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
+                              stored)
+    params = cast_params(ckptr.restore(os.path.join(directory, "params"), abstract), dtype)
   except CheckpointError:
     raise
   except Exception as e:
@@ -119,7 +157,24 @@ def load_checkpoint(directory: str):
     from .model import check_params
     check_params(params, cfg)
   # Orbax may hand back host numpy arrays; put them on the device once, or every jitted call would copy them.
-  return cfg, jax.device_put(params)
+  return cfg, params if mesh is not None and getattr(cfg, "kind", None) != "eagle" else jax.device_put(params)
+
+
+def _placed_abstract(cfg, abstract, stored, dtype, mesh):
+  """Returns the restore target of each param: its device dtype and its NamedSharding on `mesh`, so Orbax reads
+  every array straight to its shards (no host copy of the model)."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from .sharding import param_specs
+
+  def target(a, m, spec):
+    dt = np.dtype(getattr(m, "dtype", a.dtype))
+    floating = np.issubdtype(dt, np.floating) or dt.name in ("bfloat16", "float16")
+    return jax.ShapeDtypeStruct(a.shape, param_dtype(dtype, dt) if floating else dt,
+                                sharding=NamedSharding(mesh, spec))
+  return jax.tree.map(lambda spec, a, m: target(a, m, spec), param_specs(cfg, mesh.devices.size), abstract, stored,
+                      is_leaf=lambda x: isinstance(x, P))
 
 
 # --------------------------------------------------------------------------------------------- the SmolLM2 target
@@ -170,25 +225,32 @@ def resolve_model_dir(name_or_path: str) -> str:
   return name_or_path
 
 
-def load_model(name_or_path: str):
-  """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory."""
+def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
+  """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory;
+  floating params in param_dtype(dtype, their stored dtype). An HF directory loads tensor by tensor straight onto
+  `mesh` (1-D, axis "tp"; default: the first device) by sharding.param_specs (sharded_load.py)."""
   import jax
 
   from .tokenizer import TextTokenizer, text_tokenizer_from_gguf
 
+  if dtype not in DTYPES and dtype is not None:
+    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
   path = resolve_model_dir(name_or_path)
   tok_path = os.path.join(path, "tokenizer.json")
   tok = None
   if path.endswith(".gguf"):
     cfg, params, meta = read_gguf(path)
-    params = jax.device_put(params)
+    params = jax.device_put(cast_params(params, dtype))
     tok = text_tokenizer_from_gguf(meta) if "tokenizer.ggml.tokens" in meta else None  # with its template, EOS set
     return cfg, params, tok
   if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
-    cfg, params = read_hf_safetensors(path)
-    params = jax.device_put(params)
+    from jax.sharding import Mesh
+
+    from .sharded_load import load_hf_sharded
+    cfg, params = load_hf_sharded(path, mesh if mesh is not None else Mesh(np.asarray(jax.devices()[:1]), ("tp",)),
+                                  dtype)
   else:
-    cfg, params = load_checkpoint(path)
+    cfg, params = load_checkpoint(path, dtype, mesh)
   if os.path.exists(tok_path):  # with the directory's chat template and EOS set, when it ships them
     tok = TextTokenizer.from_dir(path)
   return cfg, params, tok

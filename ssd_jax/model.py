@@ -1,6 +1,7 @@
 """A Llama-architecture decoder as pure functions over a params pytree.
 
-One code path serves the target and the draft. Params are a dict pytree (functional Flax style: no module state):
+One code path serves the target and the draft. Params are a dict pytree (functional Flax style: no module state),
+each parameter declared once in param_decls.py (shape, logical axes, initialiser); in short:
 
   embed       [V, d]            token embeddings (also the LM head when tied); [V_out, d] with a reduced vocabulary
   layers      a list of L dicts: attn_norm [d], wq [d,H*D], wk/wv [d,G*D], wo [H*D,d],
@@ -28,6 +29,7 @@ from .config import ModelConfig, RopeScaling
 from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
 from .kernels.platform import kernel_platform
 from .kv_cache import KVCache
+from . import param_decls, quant
 
 
 # XLA:CPU sends a product with a few rows (2..~64) through a GEMM that packs the whole weight matrix first, costing
@@ -50,13 +52,21 @@ def _use_rows_kernel(x: jax.Array, w: jax.Array, platform: str | None) -> bool:
           and kernel_platform(platform) == "cpu" and rows_matmul.available())
 
 
-def dense(x: jax.Array, w: jax.Array, platform: str | None = None) -> jax.Array:
-  """Returns x @ w for x [..., K], w [K, N] (1..ROWS_KERNEL_MAX rows on CPU: the streaming kernel; else XLA's).
+def dense(x: jax.Array, w, platform: str | None = None) -> jax.Array:
+  """Returns x @ w in x's dtype for x [..., K], w [K, N] (an array or an Int8Weight).
 
-  platform: what the program is compiled for (None: the default backend; see kernels/platform.py)."""
+  1..ROWS_KERNEL_MAX float32 rows on CPU: the streaming kernel; float32 x float32 otherwise: XLA's product as before
+  (SmolLM2's numbers unchanged); any 16-bit operand: the product accumulates in float32 (preferred_element_type), as
+  a 16-bit accumulator would lose the low bits of long sums. platform: what the program is compiled for (None: the
+  default backend; see kernels/platform.py).
+  """
+  if isinstance(w, quant.Int8Weight):
+    return quant.int8_dense(x, w)
   if _use_rows_kernel(x, w, platform):
     return rows_matmul.rows_matmul(x, w)
-  return x @ w
+  if x.dtype == jnp.float32 and w.dtype == jnp.float32:
+    return x @ w
+  return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -114,34 +124,20 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def init_params(key: jax.Array, cfg: ModelConfig, dtype=jnp.float32, scale: float = 0.02) -> dict:
-  """Returns randomly initialised params for `cfg` (tests and draft training)."""
-  d, H, G, D, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
+  """Returns randomly initialised params for `cfg` (tests and draft training), as param_decls.py declares them."""
   key, k_embed, k_head = jax.random.split(key, 3)
-  n = lambda k, shape, s=scale: (jax.random.normal(k, shape, jnp.float32) * s).astype(dtype)
-  layers = []
-  for lk in jax.random.split(key, cfg.n_layers):
-    ks = jax.random.split(lk, 10)
-    lp = {"attn_norm": jnp.ones((d,), dtype), "mlp_norm": jnp.ones((d,), dtype),
-          "wq": n(ks[0], (d, H * D)), "wk": n(ks[1], (d, G * D)), "wv": n(ks[2], (d, G * D)), "wo": n(ks[3], (H * D, d)),
-          "w_gate": n(ks[4], (d, F)), "w_up": n(ks[5], (d, F)), "w_down": n(ks[6], (F, d))}
-    if cfg.attn_bias:
-      lp.update(bq=n(ks[7], (H * D,)), bk=n(ks[8], (G * D,)), bv=n(ks[9], (G * D,)))
-    if cfg.qk_norm:
-      lp.update(q_norm=jnp.ones((D,), dtype), k_norm=jnp.ones((D,), dtype))
-    layers.append(lp)
-  params = {"embed": n(k_embed, (cfg.embed_rows, d), 1.0), "layers": layers, "final_norm": jnp.ones((d,), dtype)}
-  if not cfg.tie_embeddings:
-    params["lm_head"] = n(k_head, (d, cfg.out_vocab))
-  if cfg.head_vocab is not None:
-    params["head_ids"] = jnp.arange(cfg.head_vocab, dtype=jnp.int32)
-    params["vocab_map"] = jnp.where(jnp.arange(cfg.vocab_size) < cfg.head_vocab, jnp.arange(cfg.vocab_size), 0
-                                    ).astype(jnp.int32)
+  decls = param_decls.param_decls(cfg)
+  top = {k: v for k, v in decls.items() if k != "layers"}
+  params = {k: param_decls.init_param(dc, (k_embed, k_head), cfg, dtype, scale) for k, dc in top.items()}
+  params["layers"] = [{k: param_decls.init_param(dc, jax.random.split(lk, 10), cfg, dtype, scale)
+                       for k, dc in ld.items()}
+                      for ld, lk in zip(decls["layers"], jax.random.split(key, cfg.n_layers))]
   return params
 
 
 def check_params(params: dict, cfg: ModelConfig) -> None:
   """Raises ValueError with a readable message if `params` do not have the shapes `cfg` asks for."""
-  expected = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+  expected = param_decls.abstract_params(cfg)
   exp_flat = {jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(expected)}
   got_flat = {jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
   if set(exp_flat) != set(got_flat):
@@ -205,8 +201,14 @@ def lm_head(params, x, cfg: ModelConfig, platform: str | None = None):
   if cfg.tie_embeddings:
     if _use_rows_kernel(x, params["embed"], platform):
       return rows_matmul.rows_matmul(x, params["embed"], transposed=True)
-    return jnp.einsum("...d,vd->...v", x, params["embed"]).astype(jnp.float32)
-  return dense(x, params["lm_head"], platform).astype(jnp.float32)
+    if x.dtype == jnp.float32 and params["embed"].dtype == jnp.float32:
+      return jnp.einsum("...d,vd->...v", x, params["embed"])
+    return jnp.einsum("...d,vd->...v", x, params["embed"], preferred_element_type=jnp.float32)
+  head = params["lm_head"]
+  if x.dtype == jnp.float32 and head.dtype == jnp.float32:
+    return dense(x, head, platform)
+  # 16-bit: the logits keep the float32 accumulator (rounding them to 16 bits would make near-ties exact ties).
+  return jnp.matmul(x, head, preferred_element_type=jnp.float32)
 
 
 def forward(params, tokens, positions, cache: KVCache, write_slots, mask: MaskInfo, cfg: ModelConfig,

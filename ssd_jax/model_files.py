@@ -1,6 +1,7 @@
 """Reading other projects' model files: llama.cpp GGUF files and Hugging Face safetensors directories.
 
-Both give numpy float32 params in our layout (model.py: [in, out] matrices, rotate-half RoPE). What their configs
+Both give numpy params in our layout (model.py: [in, out] matrices, rotate-half RoPE): safetensors in the dtype
+each tensor is stored in, GGUF in float32 (its quantized blocks have no 16-bit form to keep). What their configs
 mean, and what we refuse to compute, is families.py's.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from .families import CheckpointError, gguf_model_config, hf_model_config
 
-# Safetensors dtypes we widen to float32; anything else (integer or 8-bit quantized weights) is refused.
+# Safetensors dtypes we read, each kept as stored (float64, which no accelerator computes in, narrows to float32);
+# anything else (integer or 8-bit quantized weights) is refused.
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bfloat16"}
 
 
@@ -34,7 +36,9 @@ def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def read_gguf(path: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3)."""
+  """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3).
+
+  float32 even for F16/BF16 tensors: dequantize() widens every GGUF type; `load_model(..., dtype=)` narrows."""
   from gguf import GGUFReader
   from gguf.quants import dequantize
   from tqdm.auto import tqdm
@@ -117,9 +121,17 @@ def _safetensors_header(path: str) -> tuple[dict, int]:
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """Returns the tensors of one safetensors file as float32 numpy arrays (float32/16, bfloat16 or float64 on disk).
+  """Returns the tensors of one safetensors file as numpy arrays in their stored dtype (float32/16, bfloat16; float64
+  narrows to float32), each read into memory.
 
   Parsed here rather than by safetensors.numpy, which cannot give bfloat16 (numpy has no such dtype)."""
+  return {name: np.array(view) for name, view in safetensors_views(path).items()}
+
+
+def safetensors_views(path: str) -> dict[str, np.ndarray]:
+  """Returns the tensors of one safetensors file as read-only memory-mapped numpy views in their stored dtype
+  (float64 narrows to float32, copying): nothing is read until a view is used, so a loader can place one tensor at
+  a time."""
   import ml_dtypes
 
   header, start = _safetensors_header(path)
@@ -134,14 +146,29 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     shape = tuple(info["shape"])
     if end - begin != int(np.prod(shape)) * dt.itemsize or end > data.size:
       raise CheckpointError(f"{path}: tensor {name} does not fit its offsets (truncated or corrupt file)")
-    out[name] = np.asarray(data[begin:end]).view(dt).reshape(shape).astype(np.float32)
+    view = data[begin:end].view(dt).reshape(shape)
+    out[name] = view.astype(np.float32) if dt == np.float64 else view
   return out
 
 
 def read_hf_safetensors(directory: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32) from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory."""
+  """Returns (ModelConfig, numpy params in their stored dtypes) from a Hugging Face Llama/Mistral/Qwen2/Qwen3
+  directory, all in host memory (sharded_load.load_hf_sharded places them tensor by tensor instead)."""
   from tqdm.auto import tqdm
 
+  cfg, files = hf_config(directory)
+  t = {}
+  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
+    t.update({k.removeprefix("model."): v for k, v in read_safetensors(fn).items()})
+  if cfg.tie_embeddings and "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["embed_tokens.weight"]):
+    raise CheckpointError(f"{directory}: tie_word_embeddings is true but lm_head.weight differs from the embedding; "
+                          f"refusing to guess which head the model means")
+  return cfg, map_layout(lambda e: np.ascontiguousarray(t[e[0]].T) if e[1] else t[e[0]], hf_layout(cfg))
+
+
+def hf_config(directory: str):
+  """Returns (ModelConfig, safetensors files) of a Hugging Face directory, checked from config.json and the tensor
+  names in the headers before any weight is read: a refusal is instant."""
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path):
     raise CheckpointError(f"{directory} has no config.json; expected a Hugging Face model directory")
@@ -150,38 +177,42 @@ def read_hf_safetensors(directory: str, progress: bool = True):
   files = safetensors_files(directory)
   if not files:
     raise CheckpointError(f"{directory} has no *.safetensors files")
-  # The config and the tensor names (from the headers) are checked before any weight is read: a refusal is instant.
   names = {k.removeprefix("model.") for fn in files for k in _safetensors_header(fn)[0]}
   try:
     cfg = hf_model_config(hf, names, os.path.basename(os.path.normpath(directory)), directory)
   except (KeyError, TypeError) as e:
     raise CheckpointError(f"{cfg_path} lacks or garbles a field the model needs ({e})") from e
-  t = {}
-  for fn in tqdm(files, desc="reading safetensors", disable=not progress, unit="file"):
-    t.update({k.removeprefix("model."): v for k, v in read_safetensors(fn).items()})
-  if cfg.tie_embeddings and "lm_head.weight" in t and not np.array_equal(t["lm_head.weight"], t["embed_tokens.weight"]):
-    raise CheckpointError(f"{directory}: tie_word_embeddings is true but lm_head.weight differs from the embedding; "
-                          f"refusing to guess which head the model means")
-  return cfg, _hf_params(t, cfg)
+  return cfg, files
 
 
-def _hf_params(t: dict, cfg) -> dict:
-  """Returns our params from Hugging Face tensors (prefix `model.` stripped; [out, in] matrices)."""
-  tr = lambda k: np.ascontiguousarray(t[k].T)  # noqa: E731
+def hf_layout(cfg) -> dict:
+  """Returns, with the structure of our params, (Hugging Face tensor name without `model.`, transposed?) per param:
+  HF keeps matrices [out, in], we keep [in, out]."""
   layers = []
   for i in range(cfg.n_layers):
     pre = f"layers.{i}."
     a = pre + "self_attn."
-    lp = {"attn_norm": t[pre + "input_layernorm.weight"], "mlp_norm": t[pre + "post_attention_layernorm.weight"],
-          "wq": tr(a + "q_proj.weight"), "wk": tr(a + "k_proj.weight"), "wv": tr(a + "v_proj.weight"),
-          "wo": tr(a + "o_proj.weight"), "w_gate": tr(pre + "mlp.gate_proj.weight"),
-          "w_up": tr(pre + "mlp.up_proj.weight"), "w_down": tr(pre + "mlp.down_proj.weight")}
+    lp = {"attn_norm": (pre + "input_layernorm.weight", False),
+          "mlp_norm": (pre + "post_attention_layernorm.weight", False),
+          "wq": (a + "q_proj.weight", True), "wk": (a + "k_proj.weight", True), "wv": (a + "v_proj.weight", True),
+          "wo": (a + "o_proj.weight", True), "w_gate": (pre + "mlp.gate_proj.weight", True),
+          "w_up": (pre + "mlp.up_proj.weight", True), "w_down": (pre + "mlp.down_proj.weight", True)}
     if cfg.attn_bias:
-      lp.update(bq=t[a + "q_proj.bias"], bk=t[a + "k_proj.bias"], bv=t[a + "v_proj.bias"])
+      lp.update(bq=(a + "q_proj.bias", False), bk=(a + "k_proj.bias", False), bv=(a + "v_proj.bias", False))
     if cfg.qk_norm:
-      lp.update(q_norm=t[a + "q_norm.weight"], k_norm=t[a + "k_norm.weight"])
+      lp.update(q_norm=(a + "q_norm.weight", False), k_norm=(a + "k_norm.weight", False))
     layers.append(lp)
-  params = {"embed": t["embed_tokens.weight"], "layers": layers, "final_norm": t["norm.weight"]}
+  params = {"embed": ("embed_tokens.weight", False), "layers": layers, "final_norm": ("norm.weight", False)}
   if not cfg.tie_embeddings:
-    params["lm_head"] = tr("lm_head.weight")
+    params["lm_head"] = ("lm_head.weight", True)
   return params
+
+
+def is_layout_entry(x) -> bool:
+  return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+
+
+def map_layout(fn, layout):
+  """Maps `fn` over the (name, transposed) entries of an hf_layout tree."""
+  import jax
+  return jax.tree.map(fn, layout, is_leaf=is_layout_entry)

@@ -43,21 +43,10 @@ FEATURE_AXES = (BATCH, SEQ, EMBED)  # target features for an EAGLE draft [B, T, 
 
 
 def param_axes(cfg: ModelConfig) -> dict:
-  """Returns logical axis names (a tuple per array) with the structure of the params of `cfg`."""
-  layer = {"attn_norm": (EMBED,), "mlp_norm": (EMBED,), "wq": (EMBED, Q_HEADS), "wk": (EMBED, KV_HEADS),
-           "wv": (EMBED, KV_HEADS), "wo": (Q_HEADS, EMBED), "w_gate": (EMBED, MLP), "w_up": (EMBED, MLP),
-           "w_down": (MLP, EMBED)}
-  if cfg.attn_bias:
-    layer.update(bq=(Q_HEADS,), bk=(KV_HEADS,), bv=(KV_HEADS,))
-  if cfg.qk_norm:  # one weight shared by every head: replicated
-    layer.update(q_norm=(HEAD_DIM,), k_norm=(HEAD_DIM,))
-  axes = {"embed": (VOCAB, EMBED), "layers": [dict(layer) for _ in range(cfg.n_layers)], "final_norm": (EMBED,)}
-  if not cfg.tie_embeddings:
-    axes["lm_head"] = (EMBED, OUT_VOCAB)
-  if cfg.head_vocab is not None:
-    axes["head_ids"] = (TOKEN_TABLE,)
-    axes["vocab_map"] = (TOKEN_TABLE,)
-  return axes
+  """Returns logical axis names (a tuple per array) with the structure of the params of `cfg` (from
+  param_decls.py, where each parameter is declared once)."""
+  from .param_decls import is_decl, param_decls
+  return jax.tree.map(lambda d: d.axes, param_decls(cfg), is_leaf=is_decl)
 
 
 def logical_sizes(cfg: ModelConfig) -> dict:
@@ -152,8 +141,15 @@ class Placement:
   def shard_target(self, params, cfg: ModelConfig):
     """Returns the target params placed on the target mesh by the rules above."""
     specs = param_specs(cfg, self.tp)
-    return jax.tree.map(lambda x, s: self.put(x, NamedSharding(self.target_mesh, s)), params, specs,
-                        is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(lambda s, x: self.put_param(x, s), specs, params, is_leaf=lambda s: isinstance(s, P))
+
+  def put_param(self, x, spec: P):
+    """Returns one param placed by `spec`; an int8 matrix's scales [N] are split like its output columns."""
+    from .quant import Int8Weight
+    if isinstance(x, Int8Weight):
+      return Int8Weight(q=self.put(x.q, NamedSharding(self.target_mesh, spec)),
+                        scale=self.put(x.scale, NamedSharding(self.target_mesh, P(spec[1] if len(spec) > 1 else None))))
+    return self.put(x, NamedSharding(self.target_mesh, spec))
 
   def target_cache(self, cfg: ModelConfig, batch: int, slots: int, dtype) -> KVCache:
     """Returns an empty target KV cache, sharded by KV heads where they divide the mesh."""

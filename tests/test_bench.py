@@ -214,7 +214,7 @@ def test_hf_export_refuses_what_a_plain_llama_config_cannot_say(field):
 
 def test_hf_export_of_a_reduced_vocabulary_draft(tmp_path):
   """The exported draft gives our logits on its own tokens and never prefers another token under greedy argmax."""
-  from ssd_jax import api, checkpoints, model
+  from ssd_jax import api, model, model_files
   from ssd_jax.bench import hf_export
   pipe = api.load_tiny()
   d = pipe.draft
@@ -222,7 +222,7 @@ def test_hf_export_of_a_reduced_vocabulary_draft(tmp_path):
   assert info["expanded"] and info["greedy_exact"] and info["fill_token"] == 0
   hf = json.loads((tmp_path / "config.json").read_text())
   assert hf["model_type"] == "llama" and hf["vocab_size"] == d.cfg.vocab_size and not hf["tie_word_embeddings"]
-  cfg, params = checkpoints.read_hf_safetensors(str(tmp_path), progress=False)  # our reader of HF directories
+  cfg, params = model_files.read_hf_safetensors(str(tmp_path), progress=False)  # our reader of HF directories
   assert cfg.head_vocab is None and cfg.vocab_size == d.cfg.vocab_size
   # Text with tokens outside the draft's vocabulary (Latin-1 bytes) as inputs as well.
   toks = jnp.asarray(np.random.default_rng(0).integers(0, d.cfg.vocab_size, (3, 12)), jnp.int32)

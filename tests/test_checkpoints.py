@@ -81,7 +81,7 @@ def test_unimplemented_hf_config_is_refused(tmp_path, case):
   cfg = tiny_config()
   path = write_hf_dir(tmp_path, cfg, _params(cfg), **overrides)
   with pytest.raises(checkpoints.CheckpointError, match="not implemented") as e:
-    checkpoints.read_hf_safetensors(path, progress=False)
+    model_files.read_hf_safetensors(path, progress=False)
   assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -94,14 +94,14 @@ def test_tensors_we_would_not_read_are_refused(tmp_path, extra):
                  "unknown layer": ("model.layers.2.input_layernorm.weight", np.ones(d))}[extra]
   path = write_hf_dir(tmp_path, cfg, _params(cfg), extra_tensors={name: value})
   with pytest.raises(checkpoints.CheckpointError, match="not implemented"):
-    checkpoints.read_hf_safetensors(path, progress=False)
+    model_files.read_hf_safetensors(path, progress=False)
 
 
 def test_tied_config_with_a_different_head_is_refused(tmp_path):
   cfg = tiny_config(tie_embeddings=False)
   path = write_hf_dir(tmp_path, cfg, _params(cfg), tie_word_embeddings=True)
   with pytest.raises(checkpoints.CheckpointError, match="lm_head.weight differs"):
-    checkpoints.read_hf_safetensors(path, progress=False)
+    model_files.read_hf_safetensors(path, progress=False)
 
 
 def test_inert_fields_load(tmp_path):
@@ -111,13 +111,13 @@ def test_inert_fields_load(tmp_path):
   params = _params(cfg)
   path = write_hf_dir(tmp_path, cfg, params, use_sliding_window=False, sliding_window=4,
                       max_window_layers=1, rope_theta=..., rope_parameters={"rope_type": "default", "rope_theta": 500.0})
-  hcfg, hparams = checkpoints.read_hf_safetensors(path, progress=False)
+  hcfg, hparams = model_files.read_hf_safetensors(path, progress=False)
   assert hcfg.rope_theta == 500.0 and hcfg.max_seq_len == cfg.max_seq_len
   tokens = np.arange(9)[None] % cfg.vocab_size
   np.testing.assert_allclose(_logits(hparams, hcfg, tokens), _logits(params, cfg, tokens), rtol=1e-5, atol=1e-5)
   cfg = tiny_config()
   path = write_hf_dir(tmp_path, cfg, _params(cfg), model_type="mistral", sliding_window=64, rope_scaling=None)
-  assert checkpoints.read_hf_safetensors(path, progress=False)[0].max_seq_len == 64
+  assert model_files.read_hf_safetensors(path, progress=False)[0].max_seq_len == 64
 
 
 def test_unimplemented_gguf_is_refused(tmp_path):
@@ -189,7 +189,7 @@ def test_hf_families_load_sharded_and_16_bit(tmp_path, family, dtype, shards):
   dt = np.dtype(getattr(ml_dtypes, dtype, dtype))
   write_hf_dir(tmp_path, cfg, params, dtype=dt, shards=shards)
   (tmp_path / "consolidated.safetensors").write_bytes(b"not ours")  # Mistral repos ship one beside; not read
-  hcfg, hparams = checkpoints.read_hf_safetensors(str(tmp_path), progress=False)
+  hcfg, hparams = model_files.read_hf_safetensors(str(tmp_path), progress=False)
   assert hcfg == cfg.__class__(**{**cfg.__dict__, "name": hcfg.name})
   rounded = jax.tree.map(lambda x: np.asarray(x, np.float32).astype(dt).astype(np.float32), params)
   for a, b in zip(jax.tree.leaves(rounded), jax.tree.leaves(hparams)):
@@ -217,7 +217,7 @@ def test_llama3_scaling_changes_the_logits(tmp_path):
   """The silent error of issue 41 cannot come back: the scaled model's logits are not plain RoPE's."""
   cfg = tiny_config(**FAMILIES["llama3.1 (llama3 rope, untied)"])
   params = _params(cfg)
-  hcfg, hparams = checkpoints.read_hf_safetensors(write_hf_dir(tmp_path, cfg, params), progress=False)
+  hcfg, hparams = model_files.read_hf_safetensors(write_hf_dir(tmp_path, cfg, params), progress=False)
   plain = cfg.__class__(**{**cfg.__dict__, "rope_scaling": None})
   tokens = np.arange(12)[None] % cfg.vocab_size
   assert hcfg.rope_scaling == cfg.rope_scaling
@@ -228,7 +228,7 @@ def test_incomplete_llama3_block_is_one_line(tmp_path):
   cfg = tiny_config()
   path = write_hf_dir(tmp_path, cfg, _params(cfg), rope_scaling={"rope_type": "llama3", "factor": 8.0})
   with pytest.raises(checkpoints.CheckpointError, match="incomplete or invalid"):
-    checkpoints.read_hf_safetensors(path, progress=False)
+    model_files.read_hf_safetensors(path, progress=False)
 
 
 def test_new_config_fields_survive_orbax(tmp_path):
@@ -250,8 +250,8 @@ def test_refusal_comes_before_reading_any_weight(tmp_path):
   st = tmp_path / "model.safetensors"
   st.write_bytes(st.read_bytes()[:-1000])
   with pytest.raises(checkpoints.CheckpointError, match="'yarn'"):
-    checkpoints.read_hf_safetensors(path, progress=False)
+    model_files.read_hf_safetensors(path, progress=False)
   write_hf_dir(tmp_path, cfg, _params(cfg))
   st.write_bytes(st.read_bytes()[:-1000])
   with pytest.raises(checkpoints.CheckpointError, match="truncated or corrupt"):
-    checkpoints.read_hf_safetensors(path, progress=False)
+    model_files.read_hf_safetensors(path, progress=False)

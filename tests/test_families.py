@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model, model_files
+from ssd_jax import checkpoints, model, model_files
 from ssd_jax.config import RopeScaling
 from ssd_jax.decode.ar import ARDecoder
 from ssd_jax.decode.options import DecodeOptions
@@ -34,6 +34,8 @@ def _reference(family):
 def _load(family, fmt, tmp_path):
   """Returns (cfg, params) of a fixture read from its HF directory or from a GGUF written from it."""
   cfg, params = model_files.read_hf_safetensors(os.path.join(FIXTURES, family), progress=False)
+  # Readers keep the stored dtype (some fixtures are bfloat16); transformers' reference computed in float32.
+  params = checkpoints.cast_params(params, "float32")
   if fmt == "hf":
     return cfg, params
   path = str(tmp_path / f"{family}.gguf")

@@ -208,7 +208,7 @@ def _grown_draft(run, target, data: Windows) -> tuple[ModelConfig, dict, dict]:
 
   tcfg = target.cfg
   init_dir = os.path.abspath(run.init_from)
-  icfg, iparams = load_checkpoint(init_dir)
+  icfg, iparams = load_checkpoint(init_dir, dtype="float32")  # training keeps float32 master weights
   if icfg.vocab_size != tcfg.vocab_size or icfg.head_vocab is None:
     raise ValueError(f"--init-from {init_dir}: needs a draft with the target's {tcfg.vocab_size}-token vocabulary "
                      f"and a reduced head (head_vocab), got vocab {icfg.vocab_size}, head_vocab {icfg.head_vocab}")

@@ -315,7 +315,7 @@ def main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=None) ->
   os.makedirs(args.work_dir, exist_ok=True)
   head_path = os.path.join(args.work_dir, "head_ids.npy")
   if args.init_from:
-    cfg, own = checkpoints.load_checkpoint(args.init_from)
+    cfg, own = checkpoints.load_checkpoint(args.init_from, dtype="float32")  # float32 master weights
     if getattr(cfg, "kind", None) != "eagle":
       raise ValueError(f"--init-from {args.init_from} is not an EAGLE draft")
     params = eagle.attach_target(own, tparams)
