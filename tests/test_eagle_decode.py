@@ -114,12 +114,13 @@ def test_eagle_draft_needs_a_matching_target(pair):
 
 def _v4_pair():
   """Returns (cfg, target params, EAGLE cfg, EAGLE params) for the laws at T > 0: test_sd's untied V=4 target (a
-  tied one peaks) with an EAGLE draft whose head is draft_heads.V4_HEAD (shuffled, token 1 left out), its head scaled
-  by 0.3 so that its law is flat enough for Saguaro's q' to differ from q."""
+  tied one peaks) with an EAGLE draft whose head is draft_heads.V4_HEAD (shuffled, token 1 left out), the target's
+  lm_head rows at init scale 0.3: a law flat enough for Saguaro's q' to differ from q."""
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, n_layers=3, tie_embeddings=False)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
   dcfg, dp = _eagle(cfg, tp, np.asarray(V4_HEAD), seed=5, scale=0.5)
-  dp["head"] = dp["head"] * 0.3
+  # The head is the target's untied lm_head at these rows (init scale 0.3): as flat as the embedding rows at 0.3 it
+  # had before the draft read lm_head, which leaves both cache hits and misses at every temperature.
   return cfg, tp, dcfg, dp
 
 
