@@ -167,9 +167,9 @@ def facts(tcfg, dcfg, tp: int, dev: Device, dtype: str, s: Setting, prompt: int,
              f"new set. They compile before the clock (Programs.compile_only) and scripts keep them in JAX's "
              f"persistent compilation cache")
   out.append(f"the draft's KV cache is {jnp.dtype(DRAFT_CACHE_DTYPE).name} whatever the weights' dtype "
-             f"({mem['draft']['kv'] / GIB:.2f} GiB here); the code loads and initialises weights in float32 today: "
-             f"{param_bytes(tcfg, tp, 'float32') / GIB:.1f} GiB of target weights per device until 16-bit "
-             f"weights are real")
+             f"({mem['draft']['kv'] / GIB:.2f} GiB here); weights stay in the checkpoint's dtype "
+             f"(`load(dtype=...)`); widened to float32 they would take {param_bytes(tcfg, tp, 'float32') / GIB:.1f} "
+             f"GiB per target device")
   if dev.platform == "gpu":
     out.append("JAX preallocates 75% of a GPU's memory: a total above that needs XLA_PYTHON_CLIENT_MEM_FRACTION "
                f"(up to ~0.95; {0.75 * dev.memory / GIB:.1f} GiB at the default)")
