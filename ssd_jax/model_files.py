@@ -128,15 +128,13 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   return {name: np.array(view) for name, view in safetensors_views(path).items()}
 
 
-def safetensors_views(path: str) -> dict[str, np.ndarray]:
-  """Returns the tensors of one safetensors file as read-only memory-mapped numpy views in their stored dtype
-  (float64 narrows to float32, copying): nothing is read until a view is used, so a loader can place one tensor at
-  a time."""
+def safetensors_entries(path: str):
+  """Returns (data start, [(name, numpy dtype, shape, begin, end)]) of one safetensors file, each tensor's dtype and
+  byte span checked against its shape (offsets relative to the data start)."""
   import ml_dtypes
 
   header, start = _safetensors_header(path)
-  data = np.memmap(path, np.uint8, "r", offset=start) if os.path.getsize(path) > start else np.zeros(0, np.uint8)
-  out = {}
+  entries = []
   for name, info in header.items():
     dt = _ST_DTYPES.get(info.get("dtype"))
     if dt is None:
@@ -144,7 +142,21 @@ def safetensors_views(path: str) -> dict[str, np.ndarray]:
     dt = np.dtype(ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
     begin, end = info["data_offsets"]
     shape = tuple(info["shape"])
-    if end - begin != int(np.prod(shape)) * dt.itemsize or end > data.size:
+    if end - begin != int(np.prod(shape)) * dt.itemsize:
+      raise CheckpointError(f"{path}: tensor {name} does not fit its offsets (truncated or corrupt file)")
+    entries.append((name, dt, shape, begin, end))
+  return start, entries
+
+
+def safetensors_views(path: str) -> dict[str, np.ndarray]:
+  """Returns the tensors of one safetensors file as read-only memory-mapped numpy views in their stored dtype
+  (float64 narrows to float32, copying): nothing is read until a view is used, so a loader can place one tensor at
+  a time."""
+  start, entries = safetensors_entries(path)
+  data = np.memmap(path, np.uint8, "r", offset=start) if os.path.getsize(path) > start else np.zeros(0, np.uint8)
+  out = {}
+  for name, dt, shape, begin, end in entries:
+    if end > data.size:
       raise CheckpointError(f"{path}: tensor {name} does not fit its offsets (truncated or corrupt file)")
     view = data[begin:end].view(dt).reshape(shape)
     out[name] = view.astype(np.float32) if dt == np.float64 else view

@@ -12,27 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from .families import CheckpointError
-from .model_files import _ST_DTYPES, _safetensors_header, hf_config, hf_layout, is_layout_entry
+from .model_files import hf_config, hf_layout, is_layout_entry, safetensors_entries
 
 CHUNK_BYTES = 32 << 20  # rows read from the file at a time
 
 
 def tensor_index(files) -> dict:
   """Returns {name without `model.`: (path, stored numpy dtype, shape, absolute byte offset)} over the files."""
-  import ml_dtypes
-
   index = {}
   for path in files:
-    header, start = _safetensors_header(path)
-    for name, info in header.items():
-      dt = _ST_DTYPES.get(info.get("dtype"))
-      if dt is None:
-        raise CheckpointError(f"{path}: tensor {name} has dtype {info.get('dtype')} (only float32/16, bfloat16 load)")
-      dt = np.dtype(ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
-      begin, end = info["data_offsets"]
-      shape = tuple(info["shape"])
-      if end - begin != int(np.prod(shape)) * dt.itemsize:
-        raise CheckpointError(f"{path}: tensor {name} does not fit its offsets (truncated or corrupt file)")
+    start, entries = safetensors_entries(path)
+    for name, dt, shape, begin, _ in entries:
       index[name.removeprefix("model.")] = (path, dt, shape, start + begin)
   return index
 
