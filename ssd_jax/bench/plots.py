@@ -17,6 +17,13 @@ def _pyplot():
   return plt
 
 
+def _save(plt, fig, path: str) -> None:
+  """Writes a finished figure to `path` and frees it."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def speed_by_dataset(result: dict, path: str) -> None:
   """Grouped bars: decode tokens/s per dataset (and all pooled), one bar per variant."""
   plt = _pyplot()
@@ -33,9 +40,7 @@ def speed_by_dataset(result: dict, path: str) -> None:
   ax.set_title(f"Speed per dataset and mode ({result['args']['max_new_tokens']} new tokens, "
                f"T={result['args']['temperature']:g})")
   ax.legend(fontsize="small", ncol=2)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
 
 
 def predicted_vs_measured(result: dict, path: str) -> bool:
@@ -62,9 +67,7 @@ def predicted_vs_measured(result: dict, path: str) -> bool:
   ax.set_ylabel("timing model tokens / s (measured a, p_hit, costs)")
   ax.set_title("Timing model against measurement")
   ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
   return True
 
 
@@ -99,9 +102,7 @@ def hit_rate_vs_fan_out(result: dict, path: str) -> bool:
     ax.legend(fontsize="small")
   ax_h.set_ylabel("hit rate")
   ax_m.set_ylabel("miss rate")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
   return True
 
 
@@ -129,9 +130,7 @@ def speed_vs_sweep(result: dict, path: str) -> bool:
   ax.set_ylabel("decode tokens / s" + (" (all rows of a batch)" if sweep == "batch" else ""))
   ax.set_title(f"Speed against {sweep}")
   ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
   return True
 
 
@@ -151,9 +150,7 @@ def batch_frontier(result: dict, path: str) -> bool:
   ax.set_ylabel("decode tokens / s per row")
   ax.set_title("Throughput against per-row speed (labels: batch size)")
   ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
   return True
 
 
@@ -175,9 +172,7 @@ def speedup_vs_batch(result: dict, path: str) -> bool:
   ax.set_ylabel("tokens / s over AR's at the same batch")
   ax.set_title("Speedup against batch size")
   ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
   return True
 
 
