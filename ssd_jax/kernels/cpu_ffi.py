@@ -130,6 +130,16 @@ def kernel_arch() -> str:
   return arch
 
 
+def _register(lib_path: str, targets: dict[str, str], suffix: str = "") -> dict[str, str]:
+  """Loads a built kernel library and registers each {target: symbol} as target + suffix; returns {target: registered
+  name}."""
+  lib = ctypes.CDLL(lib_path)
+  names = {t: t + suffix for t in targets}
+  for target, symbol in targets.items():
+    jax.ffi.register_ffi_target(names[target], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+  return names
+
+
 def register_variant(name: str, targets: dict[str, str], arch: str) -> dict[str, str]:
   """Builds {name}.cc for `arch` and registers its targets under names of their own; returns {target: variant
   target}. For tests that check another instruction set's code path on this machine."""
@@ -140,12 +150,7 @@ def register_variant(name: str, targets: dict[str, str], arch: str) -> dict[str,
   key = (name, arch)
   if key not in _VARIANTS:
     with _LOCK:
-      lib = ctypes.CDLL(build(name, arch))
-      names = {}
-      for target, symbol in targets.items():
-        names[target] = f"{target}__{arch.replace('-', '_')}"
-        jax.ffi.register_ffi_target(names[target], jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-      _VARIANTS[key] = names
+      _VARIANTS[key] = _register(build(name, arch), targets, f"__{arch.replace('-', '_')}")
   return _VARIANTS[key]
 
 
@@ -171,9 +176,7 @@ def available(name: str, targets: dict[str, str]) -> bool:
       try:
         # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        lib = ctypes.CDLL(build(name, kernel_arch()))
-        for target, symbol in targets.items():
-          jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+        _register(build(name, kernel_arch()), targets)
         _STATE[name] = True
       except Exception as e:  # no compiler, missing headers, ...: fall back to jnp code
         print(f"[ssd-jax] CPU kernel {name} unavailable ({type(e).__name__}: {str(e)[:200]}); using jnp code",
