@@ -29,7 +29,6 @@ from .tokenizer import TextTokenizer
 
 MODES = defaults.MODES
 SSD_PLACEMENTS = defaults.SSD_PLACEMENTS  # 'auto': by where it runs (defaults.auto_ssd_placement)
-PLANNED_MODES = ()
 
 
 @dataclasses.dataclass
@@ -87,8 +86,6 @@ class Pipeline:
     if key in self._decoders:
       return self._decoders[key]
     if mode not in MODES:
-      if mode in PLANNED_MODES:
-        raise ValueError(f"mode {mode!r} is not implemented yet; available: {', '.join(MODES)}")
       raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     t, d = self.target, self.draft
     if mode == "ar":

@@ -42,11 +42,6 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
   return jax.random.categorical(key, jnp.log(jnp.maximum(probs, 0.0)), axis=-1).astype(jnp.int32)
 
 
-def sample_logits(key: jax.Array, logits: jax.Array, temperature, top_p) -> jax.Array:
-  """Returns sampled token ids [...] from logits [..., V] under temperature / top-p."""
-  return sample(key, processed_probs(logits, temperature, top_p))
-
-
 def row_keys(key: jax.Array, step, batch: int) -> jax.Array:
   """Returns `batch` independent keys for one decode step: distinct per row and per step, fixed by the seed."""
   return jax.random.split(jax.random.fold_in(key, step), batch)

@@ -108,7 +108,7 @@ def test_tree_attention_matches_reference(kernel, k, fan_out, h, g, d, dtype):
 
 
 def test_attention_switch():
-  """One switch picks the implementation; unknown names fail early; unwritten new keys are served by the reference."""
+  """One switch picks the implementation; unknown names fail early."""
   rng = np.random.default_rng(0)
   q, k, v = _qkv(rng, 1, 2, 2, 1, 8, 16, jnp.float32)
   slots = jnp.asarray([[3, 4]], jnp.int32)
@@ -117,9 +117,6 @@ def test_attention_switch():
     attn.attention(q, k, v, mask, impl="flash")
   with pytest.raises(ValueError, match="unknown Pallas attention kernel"):
     attn.pallas_attention(q, k, v, mask, kernel="cuda")
-  kn, vn = k[:, :2], v[:, :2]
-  np.testing.assert_array_equal(np.asarray(attn.attention(q, k, v, mask, kn, vn, slots, impl="pallas")),
-                                np.asarray(attn.ref_attention(q, k, v, mask, kn, vn, slots)))
 
 
 def _greedy_reference(params, cfg, prompts, n: int) -> list:

@@ -106,6 +106,6 @@ def test_top_p_keeps_smallest_nucleus():
 def test_temperature_sampling_frequencies():
   logits = jnp.log(jnp.asarray([0.6, 0.3, 0.1]))
   keys = jax.random.split(jax.random.key(0), 20000)
-  toks = np.asarray(jax.vmap(lambda k: sampling.sample_logits(k, logits, 1.0, 1.0))(keys))
+  toks = np.asarray(jax.vmap(lambda k: sampling.sample(k, sampling.processed_probs(logits, 1.0, 1.0)))(keys))
   freq = np.bincount(toks, minlength=3) / len(toks)
   np.testing.assert_allclose(freq, [0.6, 0.3, 0.1], atol=0.015)

@@ -105,23 +105,6 @@ def test_rows_matmul_gradient_matches_reference():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
 
 
-def test_attention_with_unwritten_new_keys_equals_written_cache():
-  """The reference's two ways of seeing this call's keys (written into the cache, or passed separately) agree."""
-  rng = np.random.default_rng(1)
-  b, t, s, h, g, d = 2, 3, 16, 4, 2, 8
-  q = jnp.asarray(rng.standard_normal((b, t, h, d), dtype=np.float32))
-  k = jnp.asarray(rng.standard_normal((b, s, g, d), dtype=np.float32))
-  v = jnp.asarray(rng.standard_normal((b, s, g, d), dtype=np.float32))
-  kn = jnp.asarray(rng.standard_normal((b, t, g, d), dtype=np.float32))
-  vn = jnp.asarray(rng.standard_normal((b, t, g, d), dtype=np.float32))
-  slots = jnp.asarray([[5, 6, 7], [2, 3, 4]])
-  mask = attn.causal_mask_info(slots)
-  rows = jnp.arange(b)[:, None]
-  written = attn.ref_attention(q, k.at[rows, slots].set(kn), v.at[rows, slots].set(vn), mask)
-  separate = attn.ref_attention(q, k, v, mask, kn, vn, slots)
-  np.testing.assert_allclose(np.asarray(written), np.asarray(separate), rtol=1e-5, atol=1e-5)
-
-
 def _draw(rng, *shape):
   return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
 

@@ -8,8 +8,9 @@ a socket pair wrapped in a `multiprocessing` Connection (Python's standard, well
 two-process `jax.distributed` run would need both sides to enter the same collective program every round, which
 does not fit two different programs running side by side). Per round only what the algorithm needs crosses:
 
-  target -> draft: the Outcome (accepted length k and bonus token t* per row, and the verify time for the
-                   automatic backup choice);
+  target -> draft: the Outcome (accepted length k and bonus token t* per row, the verify time for the automatic
+                   backup choice, and for an EAGLE draft the target's features of the K+1 verified positions,
+                   [B, K+1, n_feat * d] float32);
   draft -> target: the next Speculation, K tokens per row and the distributions they were drawn from (over the
                    draft's head vocabulary when it has one: [B, K, V_head] float32).
 
@@ -68,6 +69,7 @@ class DraftProcess:
   pipe; the caller (the target) is pinned to `target_cores` during each `session`."""
 
   remote = True
+  sync = False  # its TreeDraft drafts ahead while the target verifies
 
   def __init__(self, init: dict, target_cores=None, draft_cores=None):
     """init: TreeDraft's settings (cfg, params as host arrays, spec, attn_impl, calibration, record_ranks)."""

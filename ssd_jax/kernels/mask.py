@@ -48,11 +48,6 @@ def visible_mask(mask: MaskInfo, num_slots: int) -> jax.Array:
   return _sees(mask, jnp.arange(num_slots, dtype=jnp.int32)[None, None, :])
 
 
-def visible_at(mask: MaskInfo, slots: jax.Array) -> jax.Array:
-  """Returns [B, T, U]: whether query t sees a key stored at slot `slots[b, u]`."""
-  return _sees(mask, slots[:, None, :])
-
-
 def kernel_specs(q_sharding, k_sharding):
   """Returns the PartitionSpecs (q and output, k and v, per-query metadata, per-row metadata) an attention kernel
   (C++ or Pallas; XLA cannot partition either) runs under on a mesh: batch and heads may be split (rows and KV

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..mask import MaskInfo, causal_mask_info, visible_at, visible_mask
+from ..mask import MaskInfo, causal_mask_info, visible_mask
 from ..platform import kernel_platform
 from .cpu import cpu_attention, cpu_attention_available, cpu_attention_variant
 from .pallas import pallas_attention
 from .ref import ref_attention
 
 __all__ = ["IMPLS", "MaskInfo", "attention", "causal_mask_info", "cpu_attention", "cpu_attention_available",
-           "cpu_attention_variant", "pallas_attention", "ref_attention", "resolve_impl", "visible_at", "visible_mask"]
+           "cpu_attention_variant", "pallas_attention", "ref_attention", "resolve_impl", "visible_mask"]
 
 IMPLS = ("auto", "ref", "cpu", "pallas")
 
@@ -34,21 +34,20 @@ def resolve_impl(impl: str, q=None, k=None, platform: str | None = None) -> str:
   return "cpu" if f32 and kernel_platform(platform) == "cpu" and cpu_attention_available() else "ref"
 
 
-def attention(q, k, v, mask: MaskInfo, k_new=None, v_new=None, new_slots=None, impl: str = "auto",
-              platform: str | None = None, **kernel_options):
+def attention(q, k, v, mask: MaskInfo, impl: str = "auto", platform: str | None = None, **kernel_options):
   """Returns masked attention [B, T, H, D] (see `ref_attention`) by the chosen implementation.
 
   impl: 'auto' (the default: 'cpu' on a CPU for float32 inputs when the kernel builds, else 'ref'), 'ref' (pure jnp,
   the oracle), 'cpu' (`cpu_attention`, the C++ kernel; float32 on a CPU) or 'pallas' (`pallas_attention`: Triton on
   GPU, Mosaic on TPU, interpret mode on CPU); kernel_options (block sizes, kernel, interpret) go to the Pallas
   kernel. platform: what the program is compiled for (None: the default backend); it picks 'auto', the Pallas
-  kernel's lowering and interpret mode. The kernels only read the cache: a call that passes unwritten keys (k_new,
-  given by no model path, since the model writes the cache first) is served by the reference whatever impl says.
+  kernel's lowering and interpret mode. Every implementation only reads the cache (the model writes this call's
+  keys and values into it first).
   """
   platform = kernel_platform(platform)
   impl = resolve_impl(impl, q, k, platform)
-  if impl == "ref" or k_new is not None:
-    return ref_attention(q, k, v, mask, k_new, v_new, new_slots)
+  if impl == "ref":
+    return ref_attention(q, k, v, mask)
   if impl == "cpu":
     if platform != "cpu" or q.dtype != jnp.float32 or k.dtype != jnp.float32:
       raise ValueError("attention 'cpu' runs float32 in a program for a CPU; use 'auto', 'ref' or 'pallas'")

@@ -5,30 +5,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..mask import MaskInfo, visible_at, visible_mask
+from ..mask import MaskInfo, visible_mask
 
 
-def ref_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, k_new: jax.Array | None = None,
-                  v_new: jax.Array | None = None, new_slots: jax.Array | None = None) -> jax.Array:
+def ref_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo) -> jax.Array:
   """Returns softmax(q k^T / sqrt(D)) v under `mask`, shape [B, T, H, D].
 
-  q: [B, T, H, D]; k, v: [B, S, G, D], the cache before this call, with H a multiple of G (grouped-query attention).
-  k_new, v_new: [B, T, G, D], the keys/values of this call's tokens, which belong at cache slots `new_slots` [B, T]
-  but have not been written yet (so the cache is only read here, and written once per forward by the caller). Cache
-  slots that this call overwrites are hidden. Computed in float32.
+  q: [B, T, H, D]; k, v: [B, S, G, D], the cache with this call's keys and values written, with H a multiple of G
+  (grouped-query attention). Computed in float32.
   """
   b, t, h, d = q.shape
   g = k.shape[2]
   qg = q.reshape(b, t, g, h // g, d).astype(jnp.float32) * (d ** -0.5)
   scores = jnp.einsum("btgrd,bsgd->bgrts", qg, k.astype(jnp.float32))
   vis = visible_mask(mask, k.shape[1])
-  if k_new is not None:
-    stale = (jnp.arange(k.shape[1])[None, None, :] == new_slots[:, :, None]).any(1)  # [B, S]
-    vis = vis & ~stale[:, None, :]
-    vis_new = visible_at(mask, new_slots)  # [B, T, T]
-    scores = jnp.concatenate([scores, jnp.einsum("btgrd,bsgd->bgrts", qg, k_new.astype(jnp.float32))], -1)
-    vis = jnp.concatenate([vis, vis_new], -1)
-    v = jnp.concatenate([v, v_new.astype(v.dtype)], 1)
   vis = vis[:, None, None, :, :]
   scores = jnp.where(vis, scores, -1e30)
   probs = jax.nn.softmax(scores, axis=-1)
