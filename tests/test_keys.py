@@ -1,7 +1,7 @@
 """Randomness: no two rounds, rows, depths or roles of a run draw from the same key.
 
 Two checks. Every compiled call that takes a key is recorded (Programs.__call__): no two calls of a run may get the
-same key (for ar_step and first_tokens, the same key and step: they fold the step in themselves). And with a target
+same key (for first_tokens, the same key and step: it folds the step in itself). And with a target
 and draft whose law is uniform whatever the text (all weights zero), every token is a function of its key alone, so a
 key reused inside a program (one key for all rows, for every depth of the tree) shows up as repeated tokens.
 """
@@ -18,7 +18,7 @@ from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
 from ssd_jax.kv_cache import KVCache
 
 V, ROWS = 64, 6
-STEP_FOLDED = ("ar_step", "first_tokens")  # programs given the run's key and a step (first_tokens: step 0)
+STEP_FOLDED = ("first_tokens",)  # programs given the run's key and a step (first_tokens: step 0)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,6 @@ def _record(monkeypatch):
     if keys:
       name = getattr(fn, "__name__", repr(fn))
       step = 0
-      if name == "ar_step":
-        step = int(args[5])
       for k in keys:
         ident = np.asarray(jax.random.key_data(k)).tobytes() + (bytes([step % 256, step // 256])
                                                                  if name in STEP_FOLDED else b"")

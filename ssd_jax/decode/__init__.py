@@ -1,6 +1,7 @@
 """Decoders behind one interface: autoregressive (ar), speculative (sd) and speculative speculative (ssd).
 
-steps.py holds the jitted decode steps every loop is made of; ar.py, sd.py and ssd.py are the three loops over them;
+steps.py holds the jitted decode steps; rounds.py the one target loop over them (prefill, then speculate / verify /
+commit); ar.py, sd.py and ssd.py the decoders that plug a draft side into it;
 speculator.py the draft side SD and SSD talk to (draft.py its model calls, draft_process.py its own process).
 The options import no JAX (scripts check them before choosing the CPU's devices); the decoders load on first use.
 """

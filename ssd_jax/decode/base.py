@@ -43,11 +43,6 @@ def cache_slots(max_prompt: int, max_new: int, lookahead: int = 0) -> int:
   return round_slots(max(need, max_prompt + PROMPT_BUCKET), 128)
 
 
-def batched(seq: Sequence, n: int):
-  for i in range(0, len(seq), n):
-    yield seq[i:i + n]
-
-
 StreamFn = Callable[[int, list[int]], None]  # (row, new token ids) for the first request of a batch
 
 
@@ -164,18 +159,22 @@ class SpecBook:
     """Returns one DecodeResult per row; extra_of(i) adds mode-specific statistics."""
     res = []
     for i in range(len(self.out)):
-      rounds = int(self.forwards[i] - 1)
-      extra = {"k": self.k, "rounds": rounds,
-               "acceptance_rate": round(float(self.accepted[i].sum() / max(rounds * self.k, 1)), 4),
-               "per_position_acceptance": (self.accepted[i] / np.maximum(self.reached[i], 1)).round(4).tolist(),
-               "mean_accepted_per_round": round(float(self.accepted[i].sum() / max(rounds, 1)), 4),
-               # The per-token acceptance a of the paper's i.i.d. model: drafts accepted over drafts the verifier
-               # reached (a draft after a rejection is never tried). acceptance_rate (over all K drafts of each
-               # round) is not a: for K=2 it is (a + a^2) / 2.
-               "drafts_tried": int(self.reached[i].sum()), "drafts_accepted": int(self.accepted[i].sum()),
-               "per_token_acceptance": round(float(self.accepted[i].sum() / max(self.reached[i].sum(), 1)), 4)}
+      extra = self._acceptance(i) if self.k else {}  # AR (K = 0) has no drafts to count
       extra.update(extra_of(i))
       res.append(DecodeResult(self.out[i], RequestStats(
           mode=mode, new_tokens=len(self.out[i]), target_forwards=int(self.forwards[i]), prefill_seconds=t_prefill,
           decode_seconds=float(self.finish[i] - t_start), extra=extra)))
     return res
+
+  def _acceptance(self, i: int) -> dict:
+    """Returns row i's rounds and acceptance statistics."""
+    rounds = int(self.forwards[i] - 1)
+    return {"k": self.k, "rounds": rounds,
+            "acceptance_rate": round(float(self.accepted[i].sum() / max(rounds * self.k, 1)), 4),
+            "per_position_acceptance": (self.accepted[i] / np.maximum(self.reached[i], 1)).round(4).tolist(),
+            "mean_accepted_per_round": round(float(self.accepted[i].sum() / max(rounds, 1)), 4),
+            # The per-token acceptance a of the paper's i.i.d. model: drafts accepted over drafts the verifier
+            # reached (a draft after a rejection is never tried). acceptance_rate (over all K drafts of each
+            # round) is not a: for K=2 it is (a + a^2) / 2.
+            "drafts_tried": int(self.reached[i].sum()), "drafts_accepted": int(self.accepted[i].sum()),
+            "per_token_acceptance": round(float(self.accepted[i].sum() / max(self.reached[i].sum(), 1)), 4)}

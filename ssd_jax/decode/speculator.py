@@ -1,4 +1,4 @@
-"""The draft side of speculative decoding behind one interface: SD's chain draft and SSD's tree draft.
+"""The draft side behind one interface: SSD's tree draft, SD's chain draft and AR's none.
 
 The target loop talks to a draft side in messages: `prepare` (a run's prompts and options; compile), `prefill`,
 `first` (the first tokens; returns the first Speculation), then per round `outcome` (an Outcome; returns the next
@@ -22,7 +22,7 @@ from ..backup import choose_backup, new_tally, ngram_propose, point_mass, random
 from .base import SpecBook, cache_slots, pad_prompts
 from .draft import DraftModel
 from .options import DecodeOptions, SpecOptions
-from .steps import (DRAFT_STREAM, bonus_rank, compact_q, fold, lookup, merge_rows, sd_round_keys, serve_q,
+from .steps import (DRAFT_STREAM, bonus_rank, compact_q, fold, lookup, merge_rows, serve_q,
                     stream_key, tree_lookahead)
 
 
@@ -75,6 +75,8 @@ class DraftSide(Protocol):
   def stats(self, _=None) -> dict:
     """Returns the draft side's statistics of the run."""
 
+  drafts_ahead: bool  # whether it drafts while the target verifies (SSD), or only once the outcome is known
+
 
 class InProcessDraft:
   """Calls a draft side in this process: `send` runs the call at once, `receive` returns its reply."""
@@ -83,6 +85,7 @@ class InProcessDraft:
 
   def __init__(self, side: DraftSide):
     self.side, self._reply = side, None
+    self.sync = not side.drafts_ahead  # the target waits for each speculation to be drafted (SD, AR)
 
   def session(self):
     return contextlib.nullcontext()
@@ -111,8 +114,43 @@ def observe(model: DraftModel, book: SpecBook, o: Outcome) -> np.ndarray:
   return lens
 
 
+class NoDraft:
+  """AR's draft side: it serves empty speculations, and a verify of no drafts is one AR step (the bonus token is the
+  target's next token, drawn from its own law)."""
+
+  drafts_ahead = False
+
+  def __init__(self, vocab: int, put):
+    self.vocab, self.put = vocab, put
+
+  def prepare(self, job: DraftJob) -> float:
+    self.prompts, self.opts = job.prompts, job.opts
+    b = len(job.prompts)
+    self.empty = Speculation(self.put(jnp.zeros((b, 0), jnp.int32)), self.put(jnp.zeros((b, 0, self.vocab))))
+    return 0.0
+
+  def prefill(self, features=None) -> None:
+    pass
+
+  def first(self, first) -> Speculation | None:
+    self.book = SpecBook(self.prompts, first, self.opts, 0, time.perf_counter())
+    return None if self.book.done.all() else self.empty
+
+  def outcome(self, o: Outcome) -> Speculation | None:
+    self.book.commit(o.accept_len, o.bonus, np.zeros((len(self.prompts), 0), np.int32), time.perf_counter())
+    return None if self.book.done.all() else self.empty
+
+  def draft_ahead(self) -> None:
+    pass
+
+  def stats(self, _=None) -> dict:
+    return {}
+
+
 class ChainDraft:
   """SD's draft side: after each outcome, K tokens drafted one after another from the committed text."""
+
+  drafts_ahead = False
 
   def __init__(self, model: DraftModel, spec: SpecOptions):
     self.model, self.k = model, spec.k
@@ -144,7 +182,7 @@ class ChainDraft:
       return None
     self.rnd += 1
     window, lens = self.book.state(self.model.window)
-    tok, q = self.model.propose(window, lens, sd_round_keys(self.root, self.rnd)[0])
+    tok, q = self.model.propose(window, lens, fold(self.root, self.rnd))
     self.served = tok
     return Speculation(tok, q)
 
@@ -166,6 +204,8 @@ class TreeDraft:
   """SSD's draft side: while the target verifies a speculation, it drafts the next one for every likely outcome
   (the speculation cache); an outcome found there is served at once (a hit), otherwise the backup speculator drafts
   (a miss). Every served token comes with the exact distribution it was drawn from, so verification stays exact."""
+
+  drafts_ahead = True
 
   def __init__(self, model: DraftModel, spec: SpecOptions, calibration: dict | None = None,
                record_ranks: bool = False):

@@ -7,7 +7,8 @@ target cache holds L-1 tokens. A speculative round:
           s_1..s_K and the exact processed distributions q_1..q_K they were drawn from;
   target: `verify` feeds [x_L, s_1..s_K] at slots L-1..L-1+K, giving p_1..p_{K+1}; sampling.rejection_sample gives
           k accepted drafts and a bonus token; committing x_L, s_1..s_k is a length update (the target length becomes
-          L+k; rejected entries stay in the cache, invisible, and are overwritten later).
+          L+k; rejected entries stay in the cache, invisible, and are overwritten later). With K = 0 (AR) a verify is
+          one AR step: it feeds x_L and its bonus is the target's next token.
 SSD's draft, from the same inputs while the target verifies s_1..s_K (`draft_tree`):
   glue:  feeds [x_{L-1}, x_L, s_1..s_K] at slots L-2..L-1+K (linear, committed-style), giving draft logits g_j after
          x_L, s_1..s_j for j = 0..K;
@@ -55,13 +56,6 @@ def fold(key, *idx):
   return key
 
 
-@jax.jit
-def sd_round_keys(draft_root, rnd):
-  """Returns SD's (draft key, verify key) of round `rnd`: two halves of one split of the draft stream."""
-  kd, kv = jax.random.split(jax.random.fold_in(draft_root, rnd))
-  return kd, kv
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform", "feature_layers"),
                    donate_argnames=("cache",))
 def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto",
@@ -85,24 +79,6 @@ def first_tokens(params, logits, key, temperature, top_p, cfg: ModelConfig):
   keys = sampling.row_keys(key, 0, logits.shape[0])
   probs = sampling.processed_probs(logits, temperature, top_p)
   return model.to_token_ids(params, jax.vmap(sampling.sample)(keys, probs), cfg)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform"), donate_argnames=("cache",))
-def ar_step(params, cache: KVCache, tokens, done, key, step, temperature, top_p, cfg: ModelConfig,
-            attn_impl: str = "auto", platform: str | None = None):
-  """Returns (next tokens [B], cache) after appending `tokens` [B] to every row.
-
-  Rows marked `done` [B] do not advance (their slot is rewritten in place). Static: cfg, attn_impl, platform, shapes;
-  temperature, top_p and step are dynamic, so one program serves the whole decode loop.
-  """
-  logits, cache = model.forward_causal(params, tokens[:, None], cache, cfg, attn_impl=attn_impl, platform=platform)
-  keys = sampling.row_keys(key, step, tokens.shape[0])
-  # Greedy skips the softmax and the Gumbel draw over the vocabulary (a few ms per token on CPU).
-  nxt = jax.lax.cond(temperature > 0,
-                     lambda lg: jax.vmap(sampling.sample)(keys, sampling.processed_probs(lg, temperature, top_p)),
-                     lambda lg: jnp.argmax(lg, -1).astype(jnp.int32), logits[:, 0])
-  nxt = model.to_token_ids(params, nxt, cfg)
-  return nxt, cache.replace(lengths=cache.lengths + jnp.where(done, 0, 1).astype(jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform", "feature_layers"),

@@ -15,7 +15,7 @@ from ..backup import point_mass, random_speculation
 from ..config import ModelConfig
 from ..decode.base import PROMPT_BUCKET
 from ..decode.draft import CACHE_DTYPE as DRAFT_CACHE_DTYPE
-from ..decode.steps import (ar_step, draft_propose, draft_tree, first_tokens, lookup, merge_rows, prefill, serve_q,
+from ..decode.steps import (draft_propose, draft_tree, first_tokens, lookup, merge_rows, prefill, serve_q,
                             verify)
 from ..kernels.platform import device_platform
 from ..kv_cache import KVCache, round_slots
@@ -97,8 +97,9 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
       Program("target.prefill", "target", prefill, (tparams, toks((b, t_pad), rep), zi, tcache), tst, 3),
       Program("target.first_tokens", "target", first_tokens, (tparams, flts((b, tcfg.out_vocab), rep), zkey, f, f),
               dict(cfg=tcfg)),
-      Program("target.ar_step", "target", ar_step, (tparams, tcache, zi, zb, zkey, _sds((), jnp.int32, rep), f, f),
-              tst, 1),
+      # AR's step is a verify of no drafts (decode/rounds.py)
+      Program("target.ar_step", "target", verify,
+              (tparams, tcache, zi, toks((b, 0), rep), flts((b, 0, v), rep), zb, zkey, f, f), tst, 1),
       Program("target.verify", "target", verify,
               (tparams, tcache, zi, toks((b, k), rep), flts((b, k, v), rep), zb, zkey, f, f), tst, 1),
       Program("draft.prefill", "draft", prefill, (dparams, toks((b, t_pad), dsh), di, dcache), dst, 3),

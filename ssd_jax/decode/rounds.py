@@ -1,0 +1,165 @@
+"""The target's loop, written once for every mode: prefill, then rounds of speculate / verify / commit.
+
+AR, SD and SSD differ only in the draft side plugged in (speculator.py), which the loop talks to in the same
+messages: `NoDraft` (AR) serves empty speculations, and a verify of no drafts is one AR step (its bonus is the
+target's next token); `ChainDraft` (SD) drafts K tokens once the outcome is known; `TreeDraft` (SSD) also drafts ahead
+for the likely outcomes while the target verifies, in this process or in its own (draft_process.py). The target's
+side (`TargetSide`: cache, sampling settings, compiled programs) is set up once here, and the verifier draws its keys
+from its own stream (VERIFY_STREAM) in every mode, as each draft side draws from its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..kernels.platform import device_platform
+from .base import SpecBook, StreamFn, cache_slots, pad_prompts
+from .options import DecodeOptions
+from .speculator import DraftJob, Outcome
+from .steps import VERIFY_STREAM, first_tokens, fold, prefill, serve_q, stream_key, verify
+
+
+@dataclasses.dataclass
+class RunResult:
+  """One run of the loop: the committed text and statistics (book), its times and the draft side's statistics."""
+  book: SpecBook
+  t_prefill: float    # seconds from the clock's start to the first tokens
+  t_start: float      # perf_counter when decoding (after prefill) started
+  timing: dict        # the target's times and traffic (_rounds)
+  draft_stats: dict   # the draft side's reply to `stats`
+
+
+class TargetSide:
+  """The target's side of one run: its cache, sampling settings and compiled programs on the target mesh.
+
+  `dec` is the decoder: placement, tcfg, tparams (placed), attn_impl, feature_layers, programs, k, head (the draft's
+  head ids on the target, to widen a q served over the draft's head vocabulary; None when q comes full) and dcfg.
+  """
+
+  def __init__(self, dec, tokens, lengths, opts: DecodeOptions):
+    pl, cfg, k, b = dec.placement, dec.tcfg, dec.k, tokens.shape[0]
+    self.dec, self.programs, self.fetch, self.rep = dec, dec.programs, pl.fetch, pl.to_target
+    rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers,
+                                      platform=device_platform(pl.target_mesh))
+    # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back.
+    slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2)
+    self.cache = pl.target_cache(cfg, b, slots, dec.tparams["embed"].dtype)
+    self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
+                                                         jnp.float32(opts.top_p)))
+    self.tokens, self.lengths = rep(tokens), rep(lengths)
+    self.verify_root = stream_key(opts.seed, VERIFY_STREAM)
+    z = rep(jnp.zeros((b,), jnp.int32))
+    run, p = self.programs, dec.tparams
+    # Everything the loop needs compiles before the clock starts.
+    run.compile_only(prefill, p, self.tokens, self.lengths, self.cache, **self.st)
+    run.compile_only(first_tokens, p, rep(jnp.zeros((b, cfg.out_vocab))), self.key, self.temp, self.top_p, cfg=cfg)
+    run.compile_only(verify, p, self.cache, z, rep(jnp.zeros((b, k), jnp.int32)),
+                     rep(jnp.zeros((b, k, cfg.vocab_size))), rep(z > 0), self.key, self.temp, self.top_p, **self.st)
+    if dec.head is not None:
+      run.compile_only(serve_q, dec.head, rep(jnp.zeros((b, k, dec.dcfg.out_vocab))), cfg=dec.dcfg)
+
+  def prefill(self):
+    """Returns (the first token of every row [B], the prompts' target features or None) after writing the prompts
+    into the target cache."""
+    run, p, cfg = self.programs, self.dec.tparams, self.dec.tcfg
+    logits, self.cache, *feats = run(prefill, p, self.tokens, self.lengths, self.cache, **self.st)
+    return self.fetch(run(first_tokens, p, logits, self.key, self.temp, self.top_p, cfg=cfg)), (feats or [None])[0]
+
+  def stage(self, book: SpecBook, rnd: int):
+    """Returns round rnd's small verify inputs (previous bonus, active rows, key), known once the book is committed."""
+    return self.rep(book.state()[0][:, 1]), self.rep(~book.done), self.rep(fold(self.verify_root, rnd))
+
+  def to_target(self, spec):
+    """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices."""
+    tokens, q = self.rep(spec.tokens), self.rep(spec.q)
+    if q.shape[-1] != self.dec.tcfg.vocab_size:
+      q = self.programs(serve_q, self.dec.head, q, cfg=self.dec.dcfg)
+    return tokens, q
+
+  def verify(self, tokens, q, bonus_prev, active, key):
+    """Dispatches the verify of `tokens`; returns (accept_len [B], bonus [B], the verified positions' target
+    features [B, K+1, n_feat * d] or None) as target arrays."""
+    acc, bonus, self.cache, *feats = self.programs(verify, self.dec.tparams, self.cache, bonus_prev, tokens, q,
+                                                   active, key, self.temp, self.top_p, **self.st)
+    return acc, bonus, (feats or [None])[0]
+
+
+def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
+             ) -> RunResult:
+  """Runs the loop for `prompts` with the draft side behind `link` (speculator.InProcessDraft or
+  draft_process.DraftProcess: send / receive / draft_ahead); returns what the decoder reports from."""
+  dec.check([len(p) for p in prompts], opts.max_new_tokens)
+  tokens, lengths = pad_prompts(prompts)
+  for_draft = _for_draft(dec, link)
+  with link.session():
+    # The draft side compiles its programs and sets up its cache while the target compiles its own.
+    link.send("prepare", DraftJob([list(map(int, p)) for p in prompts], opts))
+    target = TargetSide(dec, tokens, lengths, opts)
+    link.receive()
+    t0 = time.perf_counter()
+    if dec.feature_layers:  # the draft's prefill reads the target's
+      first, feats = target.prefill()
+      link.send("prefill", for_draft(feats))
+    else:  # both prefill at once
+      link.send("prefill")
+      first, _ = target.prefill()
+    link.receive()
+    t_prefill = time.perf_counter() - t0
+    book = SpecBook(prompts, first, opts, dec.k, time.perf_counter())
+    if stream is not None:
+      stream(0, book.out[0][:])
+    timing = _rounds(target, link, book, first, stream, for_draft)
+    link.send("stats")
+    stats = link.receive()
+  return RunResult(book, t_prefill, t0 + t_prefill, timing, stats)
+
+
+def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) -> dict:
+  """Runs rounds until every row is done; returns the target's timings and traffic. `idle` is the target's time
+  between a verify's result and the next dispatch (for SD: drafting plus the commit; SSD hides its drafting)."""
+  t = dict.fromkeys(("idle", "wait", "verify", "commit"), 0.0)
+  bytes_in = bytes_out = rnd = 0
+  link.send("first", first)
+  t_verified = time.perf_counter()
+  nxt = target.stage(book, 1)
+  spec = link.receive()
+  while spec is not None:
+    rnd += 1
+    bytes_in += spec.tokens.nbytes + spec.q.nbytes
+    tokens, q = target.to_target(spec)
+    if link.sync:
+      tokens.block_until_ready()  # a draft that drafts after the outcome (SD): its time ends here, not in the verify's
+    t_dispatch = time.perf_counter()
+    t["idle"] += t_dispatch - t_verified
+    acc, bonus, feats = target.verify(tokens, q, *nxt)
+    link.draft_ahead()  # after the verify's dispatch: the target starts first
+    acc, bonus = target.fetch(acc), target.fetch(bonus)
+    feats = for_draft(feats)
+    t_verified = time.perf_counter()
+    t["verify"] += t_verified - t_dispatch
+    # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
+    # while the draft looks the outcome up, instead of before it can start.
+    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats))
+    bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    t_sent = time.perf_counter()
+    book.commit(acc, bonus, np.asarray(spec.tokens), t_verified, stream)
+    nxt = target.stage(book, rnd + 1)
+    t["commit"] += time.perf_counter() - t_sent
+    spec = link.receive()
+    t["wait"] += time.perf_counter() - t_verified
+  return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=target.programs.compile_seconds)
+
+
+def _for_draft(dec, link):
+  """Returns a function giving target features in the form the draft side takes them: host arrays for a draft
+  process, else as they are (the draft model moves them to its device)."""
+  def convert(feats):
+    if feats is None or not link.remote:
+      return feats
+    return np.asarray(dec.placement.fetch(feats))
+  return convert
