@@ -97,8 +97,9 @@ def choose_head(vocab_size: int, n: int, counts=None, keep=()) -> np.ndarray:
   by `counts` [vocab_size] (None: lower ids first), ties to the lower id."""
   keep = sorted(int(i) for i in keep)
   if not len(keep) < n <= vocab_size:
-    raise ValueError(f"draft_head_vocab must be in ({len(keep)}, {vocab_size}] (more than the {len(keep)} special "
-                     f"and end-of-sequence tokens it always keeps, at most the vocabulary), got {n}")
+    raise ValueError(f"the draft's head size (draft_head_vocab, --draft-head-vocab) must be in ({len(keep)}, "
+                     f"{vocab_size}]: more than the {len(keep)} special and end-of-sequence tokens it always keeps, "
+                     f"at most the vocabulary; got {n}")
   if counts is None:
     order = np.arange(vocab_size)
   else:
