@@ -180,3 +180,18 @@ def test_a_draft_of_another_vocabulary_is_refused_in_one_line(with_text, which, 
                      env=dict(os.environ, PYTHONPATH=ROOT))  # this checkout's package
   assert r.returncode == 2 and msg in r.stderr, r.stderr[-2000:]
   assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_configs_of_every_draft_format_read_without_weights(pair):
+  """What decode.py sizes SSD's memory from before loading: a Hugging Face directory's, a GGUF's and our checkpoints'
+  configs, the EAGLE one included (decode.py once parsed every config.json as a ModelConfig and refused it)."""
+  cfg, _, paths, _ = pair
+  for fmt in ("hf", "gguf"):
+    got, tok = drafts.read_vocab(paths[fmt])
+    assert (got.vocab_size, got.n_layers, got.d_model, tok) == (cfg.vocab_size, cfg.n_layers, cfg.d_model, None)
+  ours, tok = drafts.read_vocab(os.path.join(ROOT, "checkpoints", "draft-smollm2"))
+  assert ours.head_vocab is not None and tok.get_vocab_size() == ours.vocab_size
+  eagle, _ = drafts.read_vocab(os.path.join(ROOT, "checkpoints", "eagle-smollm2"))
+  assert eagle.kind == "eagle" and eagle.out_vocab < eagle.vocab_size
+  with pytest.raises(CheckpointError, match="no model at"):
+    drafts.read_vocab(os.path.join(ROOT, "tests"))
