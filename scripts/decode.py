@@ -25,7 +25,7 @@ from ssd_jax.defaults import MODES
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
 # Options only some modes read (argparse dests): a run of another mode warns that they do nothing.
 SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c", "ssd_placement")
-DRAFT_ONLY = ("k",)  # sd and ssd
+DRAFT_ONLY = ("k", "draft_head_vocab")  # sd and ssd
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -52,7 +52,13 @@ def make_parser() -> argparse.ArgumentParser:
                  help="ssd: Saguaro sampling, the draft's top tokens down-weighted by C in (0, 1] (1 = off)")
   p.add_argument("--target", default="smollm2-135m-instruct",
                  help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
-  p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft, 'none')")
+  p.add_argument("--draft", default="default",
+                 help="draft: 'default' (the shipped draft), 'none', our checkpoint, or a GGUF file or Hugging Face "
+                      "directory of a supported family that shares the target's tokenizer")
+  p.add_argument("--draft-head-vocab", type=int, default=None,
+                 help="cut a full-vocabulary draft's head to N tokens at load: the special and end-of-sequence ones, "
+                      "then the others in the tokenizer's order (lower ids first: BPE numbers tokens in merge order, "
+                      "the most frequent first); exactness unchanged")
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--top-p", type=float, default=1.0)
@@ -99,6 +105,8 @@ def check_args(args):
     fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
   if args.batch_size < 1:
     fail(f"--batch-size must be >= 1, got {args.batch_size}")
+  if args.draft_head_vocab is not None and args.draft_head_vocab < 1:
+    fail(f"--draft-head-vocab must be >= 1, got {args.draft_head_vocab}")
   args.k = k_value(args.k)
   check_sampling(args.temperature, args.top_p)
   check_seed(args.seed)
@@ -153,11 +161,12 @@ def check_memory(args, draft_path: str, prompts: list[str], fan_out: tuple, back
   """Fails when SSD's speculation cache cannot fit in the memory available (the draft's device, or the host).
 
   The estimate depends on the fan-out's total only, which --fan-out-miss shares."""
-  from ssd_jax.config import ModelConfig
+  from ssd_jax.drafts import read_vocab
 
   scores = args.attention == "ref" or (args.attention == "auto" and backend != "cpu")  # the jnp reference
-  with open(os.path.join(draft_path, "config.json")) as f:
-    dcfg = ModelConfig.from_json(f.read())
+  dcfg = read_vocab(draft_path)[0]  # any format, without its weights
+  if args.draft_head_vocab is not None and getattr(dcfg, "kind", None) != "eagle":  # EAGLE: refused at load
+    dcfg = dataclasses.replace(dcfg, head_vocab=args.draft_head_vocab)
   # Tokens are at most UTF-8 bytes (byte-level BPE); 128 more for the chat template.
   max_prompt = max(len(p.encode("utf-8")) for p in prompts) + 128
   k = K_MAX if args.k == "auto" else args.k  # the largest K auto may choose
@@ -203,7 +212,8 @@ def main(argv=None):
 
   pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,
                   target_devices=args.target_devices, draft_devices=args.draft_devices,
-                  ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize)
+                  ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize,
+                  draft_head_vocab=args.draft_head_vocab if mode != "ar" else None)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,

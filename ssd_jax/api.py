@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from . import checkpoints, defaults, quant
+from . import checkpoints, defaults, drafts, quant
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
@@ -221,12 +221,13 @@ class Pipeline:
 
 
 def draft_dir(draft: str | None = "default") -> str | None:
-  """Returns the absolute checkpoint directory `load(draft=...)` reads the draft from, or None when it loads none
+  """Returns the absolute path (a checkpoint directory, a Hugging Face directory or a GGUF file) `load(draft=...)`
+  reads the draft from, or None when it loads none
   ('default' without the shipped draft, or None); raises CheckpointError for a named draft that is not there."""
   if draft is None:
     return None
   path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
-  if os.path.exists(os.path.join(path, "config.json")):
+  if drafts.model_format(path) is not None:
     return os.path.abspath(path)
   if draft != "default":
     raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
@@ -235,10 +236,15 @@ def draft_dir(draft: str | None = "default") -> str | None:
 
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
          target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto", dtype: str = "auto",
-         weights: str = "full") -> Pipeline:
+         weights: str = "full", draft_head_vocab: int | None = None, draft_head_counts=None) -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
-  draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft.
+  draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft; a path: our
+  checkpoint (a trained standalone or EAGLE draft) or any model of the supported families (a GGUF file or a Hugging
+  Face directory) that shares the target's tokenizer, checked before any weight is read (ssd_jax/drafts.py).
+  draft_head_vocab: N cuts a full-vocabulary standalone draft's head to N tokens at load, the special and
+  end-of-sequence ones and then the most frequent by draft_head_counts (one count per token id; None: the
+  tokenizer's id order, drafts.choose_head); exactness is unchanged.
   attn_impl: 'auto' (the CPU attention kernel on a CPU, else the reference), 'ref' (pure jnp), 'cpu' (the C++ CPU
   kernel) or 'pallas' (the Pallas kernels; interpret mode on CPU, slow but the same tokens).
   target_devices: the tensor-parallel mesh of the target (the first devices); draft_devices: 1 puts the draft on
@@ -257,18 +263,29 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   if weights not in quant.WEIGHT_FORMATS:
     raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(quant.WEIGHT_FORMATS)}")
   placement = make_placement(target_devices, draft_devices)
+  path = draft_dir(draft)
+  if path is None and draft_head_vocab is not None:
+    raise ValueError("draft_head_vocab cuts a draft's head, but no draft is loaded")
+  if path is not None:  # a draft of another vocabulary is refused before any weight is read
+    dcfg, dtok = drafts.read_vocab(path)
+    if getattr(dcfg, "kind", None) != "eagle":
+      drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(checkpoints.resolve_model_dir(target)), path)
+    elif draft_head_vocab is not None:
+      raise ValueError("draft_head_vocab cuts a standalone draft's head; an EAGLE draft comes with its own")
   tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
   tparams = quant.quantize_params(tparams, weights)
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None
-  path = draft_dir(draft)
   if path is not None:
-    dcfg, dparams, _ = checkpoints.load_model(path, dtype, mesh=Mesh(np.asarray([placement.draft_device]), ("tp",)))
+    mesh = Mesh(np.asarray([placement.draft_device]), ("tp",))
     if getattr(dcfg, "kind", None) == "eagle":  # an EAGLE draft reads with the target's embedding and head
       from .eagle import attach_target, check_target
+      dcfg, dparams, _ = checkpoints.load_model(path, dtype, mesh=mesh)
       check_target(dcfg, tcfg)
       dparams = attach_target(dparams, tparams)
+    else:
+      dcfg, dparams = drafts.load_draft(path, tcfg, tok, draft_head_vocab, draft_head_counts, dtype, mesh)
     d = LoadedModel(dcfg, dparams, path)
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
 

@@ -60,6 +60,9 @@ class ModelConfig:
   # params carry `head_ids` [head_vocab] (token id of each row) and `vocab_map` [vocab_size] (row of each token id;
   # unknown tokens share row 0). Tokens outside the subset get draft probability 0, which keeps speculation exact.
   head_vocab: int | None = None
+  # With head_vocab, full_embed keeps the input embedding's vocab_size rows (every token is read as itself) and
+  # reduces only the untied lm_head to the head's rows: an off-the-shelf draft cut at load (ssd_jax/drafts.py).
+  full_embed: bool = False
   max_seq_len: int = 8192
   name: str = "llama"
 
@@ -75,10 +78,12 @@ class ModelConfig:
       raise ValueError(f"{len(s.divisors)} RoPE frequency divisors for head_dim={self.head_dim} (need head_dim / 2)")
     if self.head_vocab is not None and not 0 < self.head_vocab <= self.vocab_size:
       raise ValueError(f"head_vocab={self.head_vocab} must be in [1, vocab_size={self.vocab_size}]")
+    if self.full_embed and (self.head_vocab is None or self.tie_embeddings):
+      raise ValueError("full_embed needs a reduced head (head_vocab) in an untied lm_head")
 
   @property
   def embed_rows(self) -> int:
-    return self.out_vocab
+    return self.vocab_size if self.full_embed else self.out_vocab
 
   @property
   def out_vocab(self) -> int:

@@ -4,6 +4,7 @@ One code path serves the target and the draft. Params are a dict pytree (functio
 each parameter declared once in param_decls.py (shape, logical axes, initialiser); in short:
 
   embed       [V, d]            token embeddings (also the LM head when tied); [V_out, d] with a reduced vocabulary
+                                (unless cfg.full_embed: then all V rows, and only the untied lm_head is reduced)
   layers      a list of L dicts: attn_norm [d], wq [d,H*D], wk/wv [d,G*D], wo [H*D,d],
                                 (bq [H*D], bk/bv [G*D] with attention biases), (q_norm/k_norm [D] with
                                 per-head q/k norms), mlp_norm [d],
@@ -13,7 +14,7 @@ each parameter declared once in param_decls.py (shape, logical axes, initialiser
   final_norm  [d]
   lm_head     [d, V_out]        only when untied
   head_ids    [V_out] int32     only with a reduced vocabulary: token id of each embedding/head row
-  vocab_map   [V] int32         only with a reduced vocabulary: row of each token id (unknown tokens -> row 0)
+  vocab_map   [V] int32         only with a reduced vocabulary: head row of each token id (unknown tokens -> row 0)
 
 Shapes use: B batch, T new tokens, S cache slots, H query heads, G kv heads, D head dim, V vocab.
 """
@@ -249,8 +250,8 @@ def forward_full(params, tokens, cfg: ModelConfig):
 
 
 def embed_rows(params, tokens, cfg: ModelConfig):
-  """Maps token ids to embedding rows (identity unless the vocabulary is reduced)."""
-  return tokens if cfg.head_vocab is None else params["vocab_map"][tokens]
+  """Maps token ids to embedding rows (identity unless the embedding itself is reduced)."""
+  return tokens if cfg.head_vocab is None or cfg.full_embed else params["vocab_map"][tokens]
 
 
 def to_token_ids(params, head_index, cfg: ModelConfig):

@@ -39,9 +39,23 @@ def read_gguf(path: str, progress: bool = True):
   """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3).
 
   float32 even for F16/BF16 tensors: dequantize() widens every GGUF type; `load_model(..., dtype=)` narrows."""
+  from tqdm.auto import tqdm
+
+  r, cfg, meta, deq = _open_gguf(path)  # refuses what we do not compute before dequantizing
+  tensors = {t.name: deq(t) for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor")}
+  return cfg, _gguf_params(tensors, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
+
+
+def gguf_header(path: str):
+  """Returns (ModelConfig, metadata dict) of a GGUF file from its metadata and tensor shapes, without dequantizing
+  weights."""
+  return _open_gguf(path)[1:3]
+
+
+def _open_gguf(path: str):
+  """Returns (reader, ModelConfig, metadata dict, dequantizer of one tensor to float32) of a GGUF file."""
   from gguf import GGUFReader
   from gguf.quants import dequantize
-  from tqdm.auto import tqdm
 
   try:
     r = GGUFReader(path)
@@ -56,12 +70,11 @@ def read_gguf(path: str, progress: bool = True):
   shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
   deq = lambda t: dequantize(t.data, t.tensor_type).reshape(shapes[t.name]).astype(np.float32)  # noqa: E731
   rope_freqs = next((deq(t) for t in r.tensors if t.name == "rope_freqs.weight"), None)
-  try:  # refuses what we do not compute before dequantizing
+  try:
     cfg = gguf_model_config(meta, shapes, path, rope_freqs)
   except (KeyError, TypeError) as e:
     raise CheckpointError(f"{path}: GGUF metadata lacks or garbles a field the model needs ({e})") from e
-  tensors = {t.name: deq(t) for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor")}
-  return cfg, _gguf_params(tensors, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
+  return r, cfg, meta, deq
 
 
 def _gguf_params(tensors: dict, cfg, permuted_qk: bool) -> dict:

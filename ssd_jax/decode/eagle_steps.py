@@ -22,12 +22,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import eagle, model, sampling
 from ..eagle import EagleConfig
 from ..kernels import MaskInfo, causal_mask_info
 from ..kv_cache import KVCache
+from .steps import draw, fork
 
 
 def init_hist(cfg: EagleConfig, batch: int, slots: int) -> jax.Array:
@@ -76,17 +76,6 @@ def _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform):
   return logits[:, -1], h[:, -1], cache
 
 
-def _draw(params, logits, key, temperature, top_p, saguaro_c, saguaro_top: int, cfg):
-  """Returns (token ids [B, ...], the exact distribution they were drawn from over the head rows [B, ..., V_out]);
-  `key` is one key, or one per row [B]."""
-  def sampled(lg):
-    probs = sampling.saguaro_rescale(sampling.processed_probs(lg, temperature, top_p), saguaro_c, saguaro_top)
-    return (jax.vmap(sampling.sample)(key, probs) if key.ndim else sampling.sample(key, probs)), probs
-
-  tok, probs = sampling.greedy_or(sampled, logits, temperature)
-  return model.to_token_ids(params, tok, cfg), probs
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
                    donate_argnames=("cache",))
 def eagle_propose(params, cache: KVCache, hist, window, lengths, key, temperature, top_p, saguaro_c, cfg: EagleConfig,
@@ -106,28 +95,10 @@ def eagle_propose(params, cache: KVCache, hist, window, lengths, key, temperatur
       lg, hh, cache = eagle.forward(params, toks[-1][:, None], h[:, None], s, cache, s, causal_mask_info(s), cfg,
                                     attn_impl=attn_impl, platform=platform)
       logits, h = lg[:, 0], hh[:, 0]
-    tok, probs = _draw(params, logits, jax.random.split(keys[i], b), temperature, top_p, saguaro_c, saguaro_top, cfg)
+    tok, probs = draw(params, logits, jax.random.split(keys[i], b), temperature, top_p, saguaro_c, saguaro_top, cfg)
     toks.append(tok)
     qs.append(model.scatter_to_vocab(params, probs, cfg))
   return jnp.stack(toks, 1), jnp.stack(qs, 1), cache
-
-
-def fork(params, g, spec, cfg, k: int, fan_out: tuple):
-  """Returns (cand [B, N] bonus guesses, branch_j [N] their acceptance lengths): the top F_j tokens of the draft's
-  distribution after x_L, s_1..s_j (g [B, K+1, V_out] logits), the drafted token s_{j+1} left out for j < K (the
-  residual max(0, p - q) is zero on a rejected draft token, so it is never the bonus)."""
-  b, _, v = g.shape
-  branch_j = np.repeat(np.arange(k + 1), fan_out).astype(np.int32)
-  rank = np.concatenate([np.arange(f) for f in fan_out]).astype(np.int32)
-  if cfg.head_vocab is None:
-    spec_rows, spec_known = spec, jnp.ones(spec.shape, bool)
-  else:
-    spec_rows = params["vocab_map"][spec]
-    spec_known = params["head_ids"][spec_rows] == spec
-  excl = jax.nn.one_hot(spec_rows, v, dtype=bool) & spec_known[..., None]
-  excl = jnp.concatenate([excl, jnp.zeros((b, 1, v), bool)], axis=1)
-  _, top_rows = jax.lax.top_k(jnp.where(excl, -jnp.inf, g.astype(jnp.float32)), max(fan_out))
-  return model.to_token_ids(params, top_rows[:, branch_j, rank], cfg), jnp.asarray(branch_j)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "platform", "saguaro_top"),
@@ -165,7 +136,7 @@ def eagle_tree(params, cache: KVCache, hist, window, spec, lengths, key, tempera
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
     lg, h_in, cache = eagle.forward(params, inp, h_in, vis_end + d, cache, tree_start[:, None] + d * n + branch,
                                     mask, cfg, attn_impl=attn_impl, platform=platform)
-    inp, probs = _draw(params, lg, jax.random.fold_in(keys[0], d), temperature, top_p, saguaro_c, saguaro_top, cfg)
+    inp, probs = draw(params, lg, jax.random.fold_in(keys[0], d), temperature, top_p, saguaro_c, saguaro_top, cfg)
     out_t.append(inp)
     out_q.append(probs)
   return (cand, branch_j, jnp.stack(out_t, 2), jnp.stack(out_q, 2),

@@ -107,6 +107,38 @@ def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperatu
   return (accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))) + tuple(out[2:])
 
 
+def draw(params, logits, key, temperature, top_p, saguaro_c, saguaro_top: int, cfg):
+  """Returns (token ids [B, ...], the exact law they were drawn from over the draft's head rows [B, ..., V_out]) from
+  draft logits [B, ..., V_out]: the proposal step of every draft kind (standalone and EAGLE, chain and tree), so each
+  hands the verifier the law it drew from (temperature, top-p, Saguaro's q' with saguaro_top > 0; argmax at T = 0).
+  `key` is one key for the whole call, or one per row [B]."""
+  def sampled(lg):
+    probs = sampling.saguaro_rescale(sampling.processed_probs(lg, temperature, top_p), saguaro_c, saguaro_top)
+    return (jax.vmap(sampling.sample)(key, probs) if key.ndim else sampling.sample(key, probs)), probs
+
+  tok, probs = sampling.greedy_or(sampled, logits, temperature)
+  return model.to_token_ids(params, tok, cfg), probs
+
+
+def fork(params, scores, spec, cfg, k: int, fan_out: tuple):
+  """Returns (cand [B, N] bonus guesses, branch_j [N] their acceptance lengths), N = sum(fan_out): SSD's fork for
+  every draft kind. The top F_j tokens by the draft's scores after x_L, s_1..s_j (scores [B, K+1, V_out]: logits or
+  probabilities, any order-preserving form), the drafted token s_{j+1} left out for j < K (the residual
+  max(0, p - q) is zero on a rejected draft token, so it is never the bonus)."""
+  b, _, v = scores.shape
+  branch_j = np.repeat(np.arange(k + 1), fan_out).astype(np.int32)
+  rank = np.concatenate([np.arange(f) for f in fan_out]).astype(np.int32)
+  if cfg.head_vocab is None:
+    spec_rows, spec_known = spec, jnp.ones(spec.shape, bool)
+  else:
+    spec_rows = params["vocab_map"][spec]
+    spec_known = params["head_ids"][spec_rows] == spec
+  excl = jax.nn.one_hot(spec_rows, v, dtype=bool) & spec_known[..., None]  # [B, K, V_out]
+  excl = jnp.concatenate([excl, jnp.zeros((b, 1, v), bool)], axis=1)
+  _, top_rows = jax.lax.top_k(jnp.where(excl, -jnp.inf, scores.astype(jnp.float32)), max(fan_out))
+  return model.to_token_ids(params, top_rows[:, branch_j, rank], cfg), jnp.asarray(branch_j)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
                    donate_argnames=("cache",))
 def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
@@ -123,17 +155,11 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
                                 logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl, platform=platform)
   keys = jax.random.split(key, k)
 
-  def draw(logits_row, kk):
-    def sampled(lg):
-      probs = sampling.processed_probs(lg, temperature, top_p)  # over the draft's head vocabulary
-      probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
-      tok = jax.vmap(sampling.sample)(jax.random.split(kk, b), probs)
-      return tok, probs
+  def draw_row(logits_row, kk):  # one key per row; the law over the full vocabulary, as the verifier reads it
+    tok, probs = draw(params, logits_row, jax.random.split(kk, b), temperature, top_p, saguaro_c, saguaro_top, cfg)
+    return tok, model.scatter_to_vocab(params, probs, cfg)
 
-    tok, probs = sampling.greedy_or(sampled, logits_row, temperature)
-    return model.to_token_ids(params, tok, cfg), model.scatter_to_vocab(params, probs, cfg)
-
-  tok, q = draw(logits[:, 0], keys[0])
+  tok, q = draw_row(logits[:, 0], keys[0])
 
   def body(i, carry):
     cache, toks, qs = carry
@@ -141,7 +167,7 @@ def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_
     s = (pos)[:, None]
     lg, cache = model.forward(params, toks[:, i - 1][:, None], s, cache, s, causal_mask_info(s), cfg,
                               attn_impl=attn_impl, platform=platform)
-    t, qq = draw(lg[:, 0], keys[i])
+    t, qq = draw_row(lg[:, 0], keys[i])
     return cache, toks.at[:, i].set(t), qs.at[:, i].set(qq)
 
   toks = jnp.zeros((b, k), jnp.int32).at[:, 0].set(tok)
@@ -172,8 +198,6 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
   """
   b = last2.shape[0]
   n = sum(fan_out)
-  branch_j_np = np.repeat(np.arange(k + 1), fan_out).astype(np.int32)  # [N]
-  rank_np = np.concatenate([np.arange(f) for f in fan_out]).astype(np.int32)  # [N]
   # Glue: linear writes of x_{L-1}, x_L, s_1..s_K.
   toks = jnp.concatenate([last2, spec], axis=1)
   slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(k + 2)[None, :], 0)
@@ -182,16 +206,7 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
                            platform=platform)
   # Fork: top-F bonus candidates per acceptance length j, the drafted token s_{j+1} excluded for j < K.
   probs_g = sampling.processed_probs(g, 1.0, 1.0)  # ranking only; temperature does not change the order
-  if cfg.head_vocab is None:
-    spec_rows, spec_known = spec, jnp.ones(spec.shape, bool)
-  else:
-    spec_rows = params["vocab_map"][spec]
-    spec_known = params["head_ids"][spec_rows] == spec
-  excl = jax.nn.one_hot(spec_rows, g.shape[-1], dtype=bool) & spec_known[..., None]  # [B, K, V_out]
-  excl = jnp.concatenate([excl, jnp.zeros((b, 1, g.shape[-1]), bool)], axis=1)
-  _, top_rows = jax.lax.top_k(jnp.where(excl, -1.0, probs_g), max(fan_out))  # [B, K+1, F_max]
-  cand = model.to_token_ids(params, top_rows[:, branch_j_np, rank_np], cfg)  # [B, N]
-  branch_j = jnp.asarray(branch_j_np)
+  cand, branch_j = fork(params, probs_g, spec, cfg, k, fan_out)  # [B, N], [N]
   # Tree: K steps over all N branches.
   tree_start = lengths + k
   vis_end = jnp.broadcast_to(lengths[:, None] + branch_j[None, :], (b, n)).astype(jnp.int32)
@@ -205,14 +220,7 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
     mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
     lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl, platform=platform)
-    def sampled(lg):
-      probs = sampling.processed_probs(lg, temperature, top_p)  # [B, N, V_out]
-      probs = sampling.saguaro_rescale(probs, saguaro_c, saguaro_top)
-      tok = sampling.sample(jax.random.fold_in(keys[0], d), probs)
-      return tok, probs
-
-    tok, probs = sampling.greedy_or(sampled, lg, temperature)
-    tok = model.to_token_ids(params, tok, cfg)
+    tok, probs = draw(params, lg, jax.random.fold_in(keys[0], d), temperature, top_p, saguaro_c, saguaro_top, cfg)
     out_t = out_t.at[:, :, d].set(tok)
     out_q = out_q.at[:, :, d].set(probs)
     return cache, tok, out_t, out_q
