@@ -4,6 +4,7 @@
   python scripts/bench.py --num-prompts 4 --max-new-tokens 128 --out-dir bench-out
   python scripts/bench.py --sweep fan-out --modes ar,sd,ssd --num-prompts 2 --out-dir bench-fanout
   python scripts/bench.py --peer hf --out-dir bench-peer          # + hf-ar, hf-sd (needs the 'peer' extra)
+  taskset -c 0 python scripts/bench.py --modes ar --peer llamacpp --peer-bin $(scripts/build_llamacpp.sh | tail -n 1)
   python scripts/bench.py --tiny --prompts p.jsonl --max-new-tokens 8   # tiny random pair: a smoke run
 
 The pair is loaded once. Prompts (HumanEval, GSM8K, AlpacaEval, MT-Bench, or --prompts FILE.jsonl) are decoded by
@@ -34,8 +35,13 @@ from ssd_jax.cli_util import check_sampling, check_seed, fail, k_value, run_main
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--modes", default="ar,sd,ssd", help="comma-separated: ar, sd, ssd")
-  p.add_argument("--peer", default="none", choices=["none", "hf"],
-                 help="hf: also run transformers' AR (hf-ar) and assisted generation (hf-sd) on the same prompts")
+  p.add_argument("--peer", default="none", choices=["none", "hf", "llamacpp"],
+                 help="hf: also run transformers' AR (hf-ar) and assisted generation (hf-sd) on the same prompts; "
+                      "llamacpp: also run llama.cpp's llama-bench (token generation of --max-new-tokens) on the "
+                      "target's GGUF with the cores our AR uses (with --verify-cost: its T-token forwards)")
+  p.add_argument("--peer-bin", default=None,
+                 help="llamacpp: the llama-bench binary (default: $LLAMA_BENCH, else llama-bench on the PATH; "
+                      "scripts/build_llamacpp.sh builds it)")
   p.add_argument("--datasets", default="humaneval,gsm8k,alpaca,mtbench")
   p.add_argument("--prompts", help="a JSONL file of {\"prompt\": ...} objects instead of --datasets")
   p.add_argument("--num-prompts", type=int, default=4, help="prompts per dataset")
@@ -147,7 +153,7 @@ def check_args(args) -> list[str]:
   for m in modes:
     if m not in ("ar", "sd", "ssd"):
       fail(f"unknown mode {m!r} in --modes; choose from ar, sd, ssd (the peer's modes come with --peer hf)")
-  if not modes and args.peer == "none":
+  if not modes and args.peer != "hf":
     fail("no modes to run")
   for name, val, ok in (("--num-prompts", args.num_prompts, args.num_prompts >= 1),
                         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 2),
@@ -170,11 +176,65 @@ def check_args(args) -> list[str]:
     missing = [m for m in ("torch", "transformers", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
       fail(f"--peer hf needs {', '.join(missing)}: pip install -e \".[peer]\"")
+  if args.peer == "llamacpp":
+    check_llamacpp(args)
   if args.sweep == "batch":
     top = max(int(v) for v in (args.sweep_values or "1,2,4,8").split(","))
     if args.num_prompts < top:
       fail(f"--sweep batch up to {top} needs --num-prompts >= {top} (one group of prompts feeds every batch size)")
   return modes
+
+
+_GGUF_TARGETS = ("smollm2-135m-instruct", "smollm2", "target", "default")
+
+
+def target_gguf(args) -> str | None:
+  """Returns the GGUF file the target is read from (--target FILE.gguf or the SmolLM2 target's), else None."""
+  if args.tiny:
+    return None
+  if args.target.endswith(".gguf"):
+    return args.target
+  if args.target in _GGUF_TARGETS:
+    from ssd_jax import checkpoints
+    return checkpoints.locate_smollm2_gguf()
+  return None
+
+
+def check_llamacpp(args) -> None:
+  """--peer llamacpp: fails unless the target comes from a GGUF, decoding is batch 1 and llama-bench is found (its
+  path goes to args.peer_bin)."""
+  from ssd_jax.bench import llamacpp_peer
+  if args.tiny or not (args.target.endswith(".gguf") or args.target in _GGUF_TARGETS):
+    fail("--peer llamacpp needs a GGUF target: the default SmolLM2 target or --target FILE.gguf")
+  if args.batch_size != 1 or args.sweep == "batch":
+    fail("--peer llamacpp compares batch-1 decoding (llama-bench's token generation): use --batch-size 1")
+  try:
+    args.peer_bin = llamacpp_peer.find_binary(args.peer_bin)
+  except llamacpp_peer.LlamaBenchError as e:
+    fail(str(e))
+
+
+def llamacpp_beside(result, args, variants) -> str:
+  """Runs llama-bench's token generation on the target's GGUF, pinned as our AR ran (--baseline-cores), with one
+  thread per usable core; stores it with ours / llama.cpp per variant in result['llamacpp'] and returns its lines."""
+  from ssd_jax.bench import llamacpp_peer
+  saved = os.sched_getaffinity(0)
+  if args.baseline_cores == "target":
+    from ssd_jax.decode.draft_process import set_process_affinity, split_cores
+    set_process_affinity(split_cores()[0])
+  try:
+    print(f"[bench] llama.cpp: llama-bench tg{args.max_new_tokens} on {llamacpp_peer.usable_cores()} thread(s)",
+          file=sys.stderr, flush=True)
+    peer = llamacpp_peer.measure(args.peer_bin, target_gguf(args), args.max_new_tokens)
+  except llamacpp_peer.LlamaBenchError as e:
+    fail(str(e))
+  finally:
+    if args.baseline_cores == "target":
+      set_process_affinity(saved)
+  ours = {v.label: result["summary"]["by_variant"][v.label]["all"]["tokens_per_second"] for v in variants}
+  peer["ours_over_llamacpp"] = {k: t / peer["generation"]["tokens_per_second"] for k, t in ours.items()}
+  result["llamacpp"] = peer
+  return llamacpp_peer.markdown(peer, ours)
 
 
 def read_prompt_sets(args) -> dict[str, list[str]]:
@@ -252,7 +312,6 @@ class Runner:
 
 def load_peer(pipe, args, work_dir: str):
   """Returns (HFPeer, description): the target from its GGUF (or an export), the draft exported to work_dir."""
-  from ssd_jax import checkpoints
   from ssd_jax.bench import hf_export
   from ssd_jax.bench.hf_peer import HFPeer
 
@@ -265,15 +324,13 @@ def load_peer(pipe, args, work_dir: str):
                                   eos_id=eos)
     if not info["greedy_exact"]:
       print(f"[bench] warning: the exported draft's greedy argmax may leave its vocabulary ({info})", file=sys.stderr)
-  if args.tiny or not (args.target.endswith(".gguf") or args.target in ("smollm2-135m-instruct", "smollm2",
-                                                                       "target", "default")):
+  src = target_gguf(args)
+  if src is None:
     src = args.target if (not args.tiny and os.path.isdir(args.target)
                           and any(f.endswith(".safetensors") for f in os.listdir(args.target))) else None
     if src is None:  # an ssd-jax checkpoint or the tiny pair: transformers reads the exported copy
       src = os.path.join(work_dir, "hf-target")
       hf_export.export_llama(pipe.target.params, pipe.target.cfg, src, tokenizer=pipe.tokenizer.tok, eos_id=eos)
-  else:
-    src = args.target if args.target.endswith(".gguf") else checkpoints.locate_smollm2_gguf()
   print(f"[bench] peer: loading the target from {src} and the draft from {draft_dir} in transformers",
         file=sys.stderr, flush=True)
   peer = HFPeer(src, draft_dir, threads=args.peer_threads)
@@ -313,6 +370,8 @@ def main(argv=None):
     result["ar_bandwidth"] = ar_bandwidth(result, pipe, variants)
   result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   table = plan.markdown(result)
+  if args.peer == "llamacpp":
+    table += "\n\n" + llamacpp_beside(result, args, variants)
   print("\n" + table)
   if "ar_bandwidth" in result:
     b = result["ar_bandwidth"]
@@ -388,12 +447,28 @@ def print_verify_cost(args) -> int:
   if bw is not None:
     print(f"single-core streaming bandwidth: {bw:.1f} GB/s => one core reads the weights in at best "
           f"{weight_bytes / bw / 1e6:.1f} ms")
+  peer = llamacpp_forwards(args) if args.peer == "llamacpp" else None
   if args.json_out:
     with open(args.json_out, "w") as f:
       json.dump({"verify_cost_ms": table, "cpu": cpu_model(), "cores": cores, "weight_bytes": weight_bytes,
                  "weights_gbs": {t: weight_bytes / ms / 1e6 for t, ms in table.items()},
-                 "single_core_stream_gbs": bw}, f, indent=1)
+                 "single_core_stream_gbs": bw, "llamacpp": peer}, f, indent=1)
   return 0
+
+def llamacpp_forwards(args, prefix: int = 300) -> dict:
+  """--verify-cost --peer llamacpp: prints and returns llama-bench's forward of T = 1, 2, 3, 5, 9 tokens after a
+  `prefix`-token cache (as verify_cost_table measures ours), one thread per usable core."""
+  from ssd_jax.bench import llamacpp_peer
+  threads = llamacpp_peer.usable_cores()
+  cmd = llamacpp_peer.forward_command(args.peer_bin, target_gguf(args), threads, depth=prefix)
+  try:
+    forwards = llamacpp_peer.parse_report(llamacpp_peer.run(cmd))
+  except llamacpp_peer.LlamaBenchError as e:
+    fail(str(e))
+  print(f"llama.cpp on the same GGUF, {threads} thread(s): {' '.join(cmd)}")
+  print("\n".join(llamacpp_peer.forward_lines(forwards)))
+  return {"command": cmd, "threads": threads, "forwards": forwards}
+
 
 def load_pipe(args, modes):
   """Returns the pipeline the bench measures (the tiny pair with --tiny), with a draft when a mode needs one."""
