@@ -27,6 +27,12 @@ def peak_gb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux: KiB
 
 
+def rss_gb() -> float:
+  """Returns the resident memory now (VmRSS), in GB."""
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1e6
+
+
 def decode_check(target_dir: str, draft_dir: str, prompts, new_tokens: int = 8, k: int = 2, fan_out: int = 2,
                  target_devices: int = 4) -> dict:
   """Loads the target sharded over `target_devices` devices and the draft on the next one (bfloat16), decodes
@@ -45,18 +51,24 @@ def decode_check(target_dir: str, draft_dir: str, prompts, new_tokens: int = 8, 
   tcfg, tparams, _ = checkpoints.load_model(target_dir, "bfloat16", mesh=pl.target_mesh)
   dcfg, dparams, _ = checkpoints.load_model(draft_dir, "bfloat16", mesh=Mesh(np.asarray([pl.draft_device]), ("tp",)))
   jax.block_until_ready((tparams, dparams))
-  out = {"load_peak_gb": peak_gb(), "target_bytes": sum(x.nbytes for x in jax.tree.leaves(tparams)),
+  phases = {"loaded": (rss_gb(), peak_gb())}
+  out = {"load_peak_gb": peak_gb(), "phases": phases, "target_bytes": sum(x.nbytes for x in jax.tree.leaves(tparams)),
          "dtypes": sorted({str(x.dtype) for x in jax.tree.leaves((tparams, dparams))})}
   opts = DecodeOptions(max_new_tokens=new_tokens, ignore_eos=True)
   spec = SpecOptions(k=k, fan_out=fan_out, placement="devices")
   ssd_res = SSDDecoder(tcfg, tparams, dcfg, dparams, spec, placement=pl).generate(prompts, opts)
   ssd = [r.token_ids for r in ssd_res]
   out["ssd_cache_hit_rate"] = float(np.mean([r.stats.extra.get("cache_hit_rate", 0.0) for r in ssd_res]))
+  phases["ssd"] = (rss_gb(), peak_gb())
   ar = [r.token_ids for r in ARDecoder(tcfg, tparams, placement=pl).generate(prompts, opts)]
+  phases["ar"] = (rss_gb(), peak_gb())
   del tparams, dparams  # the decoders above are gone too: free the mesh copy before the one-device one
+  phases["freed"] = (rss_gb(), peak_gb())
   one = make_placement(1, 0)
   _, params1, _ = checkpoints.load_model(target_dir, "bfloat16", mesh=one.target_mesh)
+  phases["loaded one device"] = (rss_gb(), peak_gb())
   ar1 = [r.token_ids for r in ARDecoder(tcfg, params1, placement=one).generate(prompts, opts)]
+  phases["ar one device"] = (rss_gb(), peak_gb())
   gaps = [exactness.teacher_forced_gaps(params1, tcfg, p, t) for p, t in zip(prompts, ssd)]
   out.update(ssd=ssd, ar=ar, ar_one_device=ar1, ssd_equals_ar=ssd == ar,
              gaps=[g.tolist() for g, _ in gaps], margins=[m.tolist() for _, m in gaps],
@@ -70,6 +82,8 @@ def report(out: dict, n_params: int) -> bool:
         f"({4 * n_params / 1e9:.2f} GB in float32); params {', '.join(out['dtypes'])}")
   print(f"peak host memory: {out['load_peak_gb']:.2f} GB after loading target and draft, {out['peak_gb']:.2f} GB "
         f"at the end (ru_maxrss; CPU devices hold the model in host memory)")
+  print("by phase, resident now / peak so far (GB): " + "; ".join(f"{k} {a:.2f} / {b:.2f}"
+                                                                  for k, (a, b) in out["phases"].items()))
   for i, (s, a, a1, g, m) in enumerate(zip(out["ssd"], out["ar"], out["ar_one_device"], out["gaps"], out["margins"])):
     print(f"prompt {i}: ssd {s}\n          ar {a} ({'same' if s == a else 'DIFFERENT'})\n   ar 1 device {a1} "
           f"({'same' if s == a1 else 'different'}); largest teacher-forced gap {max(g):.4g} "
