@@ -74,6 +74,8 @@ def make_parser() -> argparse.ArgumentParser:
                       "2+ usable cores and a one-device target, else devices")
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                 help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
   p.add_argument("--quantize", default="full", choices=["full", "int8"],
                  help="int8: the target's matrices weight-only int8 per output channel (opt-in)")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
@@ -203,7 +205,8 @@ def main(argv=None):
 
   pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,
                   target_devices=args.target_devices, draft_devices=args.draft_devices,
-                  ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize)
+                  ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize,
+                  kv_dtype=args.kv_dtype)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..kernels.platform import device_platform
+from ..kv_cache import cache_dtype
 from ..metrics import RequestStats
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, StreamFn, cache_slots, pad_prompts
@@ -22,9 +23,12 @@ class ARDecoder:
 
   mode = "ar"
 
-  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "auto", placement: Placement | None = None):
+  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "auto", placement: Placement | None = None,
+               kv_dtype: str | None = None):
+    """kv_dtype: the KV cache's dtype (None or 'auto': the params', kv_cache.cache_dtype)."""
     self.placement = placement or make_placement(1, 0)
     self.cfg, self.attn_impl = cfg, attn_impl
+    self.kv_dtype = cache_dtype(params, kv_dtype)
     self.params = self.placement.shard_target(params, cfg)
     self.context = cfg.max_seq_len
     self.programs = Programs()
@@ -40,7 +44,7 @@ class ARDecoder:
     tokens, lengths = pad_prompts(prompts)
     b = len(prompts)
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens)
-    cache = self.placement.target_cache(cfg, b, slots, params["embed"].dtype)
+    cache = self.placement.target_cache(cfg, b, slots, self.kv_dtype)
     rep = self.placement.to_target  # small inputs: every device (of every process)
     key = rep(jax.random.key(opts.seed))
     temp, top_p = rep(jnp.float32(opts.temperature)), rep(jnp.float32(opts.top_p))

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from ..config import ModelConfig
 from ..kernels.platform import device_platform
+from ..kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts
 from .draft import make_draft_model
@@ -28,8 +29,11 @@ class SDDecoder:
   mode = "sd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params,
-               spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None):
+               spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None,
+               kv_dtype: str | None = None):
+    """kv_dtype: the target KV cache's dtype (None or 'auto': the target params', kv_cache.cache_dtype)."""
     check_pair(target_cfg, draft_cfg, spec, tree=False)
+    self.kv_dtype = cache_dtype(target_params, kv_dtype)
     self.placement = pl = placement or make_placement(1, 0)
     self.tcfg, self.k, self.attn_impl = target_cfg, spec.k, attn_impl
     self.context = min(target_cfg.max_seq_len, draft_cfg.max_seq_len)
@@ -55,7 +59,7 @@ class SDDecoder:
     b = len(prompts)
     # K+1 lookahead slots: a round may write K+1 entries past the committed text before rolling back.
     cache = pl.target_cache(cfg, b, cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2),
-                            self.tparams["embed"].dtype)
+                            self.kv_dtype)
     key, temp, top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                          jnp.float32(opts.top_p)))
     st = dict(cfg=cfg, attn_impl=self.attn_impl, feature_layers=self.feature_layers, platform=self.platform)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..kernels.platform import device_platform
+from ..kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from .base import DecodeResult, Programs, SpecBook, StreamFn, cache_slots, pad_prompts
 from .draft import make_draft_model
@@ -37,11 +38,14 @@ class SSDDecoder:
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params,
                spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None,
-               calibration: dict | None = None, record_ranks: bool = False, target_cores=None, draft_cores=None):
+               calibration: dict | None = None, record_ranks: bool = False, target_cores=None, draft_cores=None,
+               kv_dtype: str | None = None):
     """calibration: the draft's fan-out calibration (geometric fan-out); record_ranks: keep every round's bonus rank
     (scripts/calibrate_fan_out.py); target_cores, draft_cores: the 'processes' placement's split of the CPU cores
-    (default: halves)."""
+    (default: halves); kv_dtype: the target KV cache's dtype (None or 'auto': the target params',
+    kv_cache.cache_dtype; the draft's cache is draft.CACHE_DTYPE)."""
     check_pair(target_cfg, draft_cfg, spec)
+    self.kv_dtype = cache_dtype(target_params, kv_dtype)
     self.spec, self.tcfg, self.dcfg, self.attn_impl = spec, target_cfg, draft_cfg, attn_impl
     self.record_ranks = record_ranks
     # Default: the target on the first device, the draft on the next one (when the platform has two).
@@ -177,7 +181,7 @@ class _TargetRun:
                                       platform=device_platform(pl.target_mesh))
     # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back.
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2)
-    self.cache = pl.target_cache(cfg, b, slots, dec.tparams["embed"].dtype)
+    self.cache = pl.target_cache(cfg, b, slots, dec.kv_dtype)
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                                          jnp.float32(opts.top_p)))
     self.tokens, self.lengths = rep(tokens), rep(lengths)
