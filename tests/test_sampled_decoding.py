@@ -106,7 +106,8 @@ def _check_law(tiny, mode, temperature, top_p, seed):
     assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   if mode == "ssd":
     hits = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
-    assert 0.2 < hits < 0.9, hits  # rounds served from the speculation cache and rounds the backup drafted
+    # Rounds served from the speculation cache and rounds the backup drafted (bfloat16 params at T = 0.5 hit 0.93).
+    assert 0.2 < hits < 0.95, hits
   assert_rows_follow_their_laws(res, [PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
 
 
