@@ -17,8 +17,9 @@ import os
 import sys
 
 from ssd_jax import distributed
-from ssd_jax.cli_util import (available_memory, check_output_file, check_sampling, check_seed,
-                              check_speculation_memory, fail, k_value, run_main, split_cpu, warn)
+from ssd_jax.cli_util import (available_memory, check_model_memory, check_output_file, check_sampling, check_seed,
+                              check_speculation_memory, fail, k_value, kv_cache_bytes, param_bytes, run_main,
+                              split_cpu, warn)
 from ssd_jax.decode.auto_k import K_MAX
 from ssd_jax.defaults import MODES
 
@@ -80,6 +81,8 @@ def make_parser() -> argparse.ArgumentParser:
                       "2+ usable cores and a one-device target, else devices")
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                 help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
   p.add_argument("--quantize", default="full", choices=["full", "int8"],
                  help="int8: the target's matrices weight-only int8 per output channel (opt-in)")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
@@ -174,6 +177,45 @@ def check_memory(args, draft_path: str, prompts: list[str], fan_out: tuple, back
                            args.max_new_tokens, available_memory(device), scores)
 
 
+def model_memory(args, mode: str, draft_path: str | None, prompts: list[str], fan_out: tuple, placement,
+                 backend: str) -> None:
+  """Fails when the target's and draft's params (in the dtype --dtype gives them, --quantize int8 counted as int8)
+  with their KV caches (--kv-dtype) and SSD's speculation cache cannot fit where they go: the host on a CPU (every
+  CPU device is host memory), else the target's first device and the draft's own device. A GGUF model (not sized
+  before it is read) is not checked."""
+  from ssd_jax.checkpoints import param_dtype, peek_model
+  from ssd_jax.decode.base import cache_slots
+  from ssd_jax.decode.draft import CACHE_DTYPE
+
+  target = peek_model(args.target)
+  draft = peek_model(draft_path) if draft_path and mode != "ar" else None
+  if target is None or (mode != "ar" and draft_path and draft is None):
+    return
+  tcfg, tdt = target[0], param_dtype(args.dtype, target[1])
+  batch, tp = min(args.batch_size, len(prompts)), args.target_devices
+  max_prompt = max(len(p.encode("utf-8")) for p in prompts) + 128  # as check_memory
+  k = 0 if mode == "ar" else K_MAX if args.k == "auto" else args.k
+  slots = cache_slots(max_prompt, args.max_new_tokens, lookahead=k + 2 if k else 0)
+  kv = kv_cache_bytes(tcfg, batch, slots, tdt if args.kv_dtype == "auto" else param_dtype(args.kv_dtype, tdt), tp)
+  t = {"target params": param_bytes(tcfg, tdt, args.quantize, tp), "target KV cache": kv}
+  d = {}
+  if draft is not None:
+    d["draft params"] = param_bytes(draft[0], param_dtype(args.dtype, draft[1]))
+    d["draft KV cache"] = kv_cache_bytes(draft[0], batch, slots, CACHE_DTYPE)
+    if mode == "ssd":
+      from ssd_jax.cli_util import speculation_memory
+      d["speculation cache"] = speculation_memory(draft[0], batch, k, fan_out, max_prompt, args.max_new_tokens)["total"]
+  if backend == "cpu":  # one pool: each device's share, times the devices that hold one
+    sd = {k: v * (tp if mode == "sd" and k == "draft params" else 1) for k, v in d.items()}
+    check_model_memory({**{k: v * tp for k, v in t.items()}, **sd}, available_memory(), "the host")
+    return
+  together = mode == "sd" or args.draft_devices == 0  # SD's draft is replicated on the target's devices
+  check_model_memory({**t, **(d if together else {})}, available_memory(placement.target_mesh.devices.flat[0]),
+                     "the target's first device")
+  if d and not together:
+    check_model_memory(d, available_memory(placement.draft_device), "the draft's device")
+
+
 def main(argv=None):
   args = parse_args(argv)
   spec = check_args(args)
@@ -204,16 +246,17 @@ def main(argv=None):
          + ("" if args.mode else " (the default here; choose another with --mode)"))
   switches = {} if args.thinking is None else {"enable_thinking": args.thinking == "on"}
   check_template(args, switches)
+  backend = jax.default_backend()
+  fan_out = (spec.fan_out,) * (K_MAX + 1) if spec.auto else spec.fan_out  # the widest tree auto may build
   if mode == "ssd":
-    backend = jax.default_backend()
-    fan_out = (spec.fan_out,) * (K_MAX + 1) if spec.auto else spec.fan_out  # the widest tree auto may build
     check_memory(args, draft_path, prompts, fan_out, backend,
                  None if backend == "cpu" else placement.draft_device)
+  model_memory(args, mode, draft_path, prompts, fan_out, placement, backend)
 
   pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,
                   target_devices=args.target_devices, draft_devices=args.draft_devices,
                   ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize,
-                  draft_head_vocab=args.draft_head_vocab if mode != "ar" else None)
+                  draft_head_vocab=args.draft_head_vocab if mode != "ar" else None, kv_dtype=args.kv_dtype)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,

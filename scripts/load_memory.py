@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 
 CHILD = r"""
 import os, resource, sys, json
@@ -43,46 +42,12 @@ print(json.dumps({"method": method, "peak_kb": resource.getrusage(resource.RUSAG
 
 
 def write_model(directory: str, name: str, layers: int) -> tuple[int, int]:
-  """Writes config.json and model.safetensors (bfloat16, random) tensor by tensor; returns (params, file bytes)."""
-  import ml_dtypes
+  """Writes config.json and model.safetensors (bfloat16, random: named_configs.write_random_hf) tensor by tensor;
+  returns (params, file bytes)."""
+  from ssd_jax.named_configs import named_config, write_random_hf
 
-  import jax
-
-  from ssd_jax.model import init_params
-  from ssd_jax.model_files import hf_layout, is_layout_entry
-  from ssd_jax.named_configs import named_config
-
-  cfg = named_config(name, n_layers=layers)
-  shapes = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
-  entries = jax.tree.leaves(hf_layout(cfg), is_leaf=is_layout_entry)
-  header, off = {}, 0
-  for (hf_name, transposed), s in zip(entries, jax.tree.leaves(shapes)):
-    shape = list(reversed(s.shape)) if transposed else list(s.shape)
-    n = int(np.prod(shape)) * 2
-    header["model." + hf_name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + n]}
-    off += n
-  raw = json.dumps(header).encode()
-  raw += b" " * (-len(raw) % 8)
-  block = (np.random.default_rng(0).standard_normal(1 << 20) * 0.02).astype(ml_dtypes.bfloat16).tobytes()
-  with open(os.path.join(directory, "model.safetensors"), "wb") as f:
-    f.write(len(raw).to_bytes(8, "little") + raw)
-    for info in header.values():
-      left = info["data_offsets"][1] - info["data_offsets"][0]
-      while left:
-        f.write(block[:min(left, len(block))])
-        left -= min(left, len(block))
-  s = cfg.rope_scaling
-  hf = {"model_type": "llama", "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.ffn_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_eps,
-        "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_embeddings,
-        "max_position_embeddings": cfg.max_seq_len, "hidden_act": "silu",
-        "rope_scaling": {"rope_type": "llama3", "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-                         "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings":
-                         s.original_max_position}}
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf, f)
-  return off // 2, os.path.getsize(os.path.join(directory, "model.safetensors"))
+  n = write_random_hf(directory, named_config(name, n_layers=layers))
+  return n, os.path.getsize(os.path.join(directory, "model.safetensors"))
 
 
 def main() -> int:

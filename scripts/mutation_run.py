@@ -8,6 +8,10 @@ every mutation's text still occurs exactly once, so this list cannot go stale si
   python scripts/mutation_run.py                 # baseline + every mutation (most of an hour on 2 busy cores)
   python scripts/mutation_run.py --only NAME...  # some of them; --list names them
   python scripts/mutation_run.py --json-out F    # also write the table as JSON
+  python scripts/mutation_run.py --param-dtype bfloat16 --only NAME...  # the tests' V=4 pair in bfloat16
+
+--param-dtype sets SSD_JAX_TEST_PARAM_DTYPE for the tests: the law tests' tiny pair (tests/test_sd.py v4_pair) is
+cast to it; tests that build their own models keep float32.
 """
 from __future__ import annotations
 
@@ -235,9 +239,10 @@ def apply(dest: str, m: Mutation) -> None:
   open(path, "w").write(text.replace(m.old, m.new))
 
 
-def run_tests(dest: str, tests) -> tuple[int, list[str], float]:
-  """Returns (pytest's exit code, the failed test ids, seconds) for `tests` run in the copy at dest."""
-  env = dict(os.environ, PYTHONPATH=dest, PYTHONDONTWRITEBYTECODE="1")
+def run_tests(dest: str, tests, param_dtype: str = "float32") -> tuple[int, list[str], float]:
+  """Returns (pytest's exit code, the failed test ids, seconds) for `tests` run in the copy at dest, the law tests'
+  pair in `param_dtype`."""
+  env = dict(os.environ, PYTHONPATH=dest, PYTHONDONTWRITEBYTECODE="1", SSD_JAX_TEST_PARAM_DTYPE=param_dtype)
   t0 = time.perf_counter()
   out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests], cwd=dest,
                        env=env, capture_output=True, text=True)
@@ -253,6 +258,8 @@ def main(argv=None) -> int:
   ap.add_argument("--list", action="store_true", help="list the mutations and exit")
   ap.add_argument("--no-baseline", action="store_true", help="skip the run on the unmutated copy")
   ap.add_argument("--json-out", help="write the table here as JSON")
+  ap.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                  help="the floating params of the law tests' tiny pair (SSD_JAX_TEST_PARAM_DTYPE)")
   args = ap.parse_args(argv)
   if args.list:
     for m in MUTATIONS:
@@ -271,7 +278,7 @@ def main(argv=None) -> int:
     tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
     with tempfile.TemporaryDirectory(prefix="mutation-base-") as d:
       copy_tree(d)
-      rc, failed, s = run_tests(d, tests)
+      rc, failed, s = run_tests(d, tests, args.param_dtype)
     print(f"{'(unmutated)':38s} {'passes' if rc == 0 else 'FAILS'} in {s:.0f}s {' '.join(failed)}", flush=True)
     rows.append({"name": "(unmutated)", "caught_by": failed, "ok": rc == 0, "seconds": round(s, 1)})
     ok &= rc == 0
@@ -279,7 +286,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix=f"mutation-{m.name}-") as d:
       copy_tree(d)
       apply(d, m)
-      rc, failed, s = run_tests(d, m.tests)
+      rc, failed, s = run_tests(d, m.tests, args.param_dtype)
     caught = rc != 0 and bool(failed)
     ok &= caught
     print(f"{m.name:38s} {'caught' if caught else 'SURVIVED'} in {s:.0f}s by {' '.join(failed) or '-'}", flush=True)
@@ -289,7 +296,7 @@ def main(argv=None) -> int:
   print(f"{'all caught' if ok else 'NOT ALL CAUGHT'}; {len(chosen)} mutations in {total:.0f}s")
   if args.json_out:
     with open(args.json_out, "w") as f:
-      json.dump({"ok": ok, "seconds": round(total, 1), "rows": rows}, f, indent=1)
+      json.dump({"ok": ok, "param_dtype": args.param_dtype, "seconds": round(total, 1), "rows": rows}, f, indent=1)
   return 0 if ok else 1
 
 

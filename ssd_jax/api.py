@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from . import checkpoints, defaults, drafts, quant
 from .config import ModelConfig
 from .kernels.masked_attention import IMPLS as ATTN_IMPLS
+from .kv_cache import KV_DTYPES
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
 from .fan_out import CALIBRATION_FILE, read_calibration
 from .sharding import Placement, make_placement
@@ -53,7 +54,12 @@ class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
-               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "auto"):
+               attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "auto",
+               kv_dtype: str = "auto"):
+    """kv_dtype: the target KV cache's dtype ('auto': the target params', kv_cache.KV_DTYPES)."""
+    if kv_dtype not in KV_DTYPES:
+      raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+    self.kv_dtype = kv_dtype
     if ssd_placement not in SSD_PLACEMENTS:
       raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
     self.ssd_placement = ssd_placement
@@ -89,16 +95,17 @@ class Pipeline:
       raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     t, d = self.target, self.draft
     if mode == "ar":
-      dec = ARDecoder(t.cfg, t.params, self.attn_impl, placement=self.placement)
+      dec = ARDecoder(t.cfg, t.params, self.attn_impl, placement=self.placement, kv_dtype=self.kv_dtype)
     elif d is None:
       raise ValueError(f"mode {mode!r} needs a draft model; none is loaded (pass draft=... to load())")
     elif mode == "sd":
-      dec = SDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement)
+      dec = SDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement,
+                      kv_dtype=self.kv_dtype)
     else:
       geometric = spec.fan_out_strategy == "geometric"
       calibration = read_calibration(os.path.join(d.path, CALIBRATION_FILE)) if geometric else None
       dec = SSDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement,
-                       calibration=calibration)
+                       calibration=calibration, kv_dtype=self.kv_dtype)
     self._decoders[key] = dec
     return dec
 
@@ -236,7 +243,8 @@ def draft_dir(draft: str | None = "default") -> str | None:
 
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
          target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto", dtype: str = "auto",
-         weights: str = "full", draft_head_vocab: int | None = None, draft_head_counts=None) -> Pipeline:
+         weights: str = "full", draft_head_vocab: int | None = None, draft_head_counts=None,
+         kv_dtype: str = "auto") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft; a path: our
@@ -254,7 +262,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   devices share one thread pool, so this is the placement that gives the draft hardware of its own) or 'auto' (the
   default: 'processes' on a CPU with at least two usable cores, else 'devices'; `defaults.auto_ssd_placement`).
   dtype: the floating params' dtype on device, for target and draft: 'auto' (the checkpoint's on accelerators,
-  float32 on a CPU: `checkpoints.param_dtype`), 'float32', 'bfloat16' or 'float16'. The target's KV cache follows it.
+  float32 on a CPU: `checkpoints.param_dtype`), 'float32', 'bfloat16' or 'float16'.
+  kv_dtype: the target's KV cache dtype: 'auto' (the default) follows the params (int8 weights: the embedding's
+  dtype), or 'float32', 'bfloat16', 'float16' (a 16-bit cache halves its bytes; float32 params with a 16-bit cache
+  run the reference attention, the CPU kernel taking float32 only). The draft's cache is float32 whatever is set.
   weights: 'full' (as loaded) or 'int8' (the target's layer matrices weight-only int8 per output channel:
   ssd_jax/quant.py; the draft, small and latency-bound, keeps its dtype).
   """
@@ -262,6 +273,8 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
     raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
   if weights not in quant.WEIGHT_FORMATS:
     raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(quant.WEIGHT_FORMATS)}")
+  if kv_dtype not in KV_DTYPES:
+    raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
   placement = make_placement(target_devices, draft_devices)
   path = draft_dir(draft)
   if path is None and draft_head_vocab is not None:
@@ -287,11 +300,11 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
     else:
       dcfg, dparams = drafts.load_draft(path, tcfg, tok, draft_head_vocab, draft_head_counts, dtype, mesh)
     d = LoadedModel(dcfg, dparams, path)
-  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement)
+  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement, kv_dtype)
 
 
 def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False,
-              dtype: str = "float32") -> Pipeline:
+              dtype: str = "float32", kv_dtype: str = "auto") -> Pipeline:
   """Returns a Pipeline over a tiny random target and draft with a byte-level tokenizer (tests and smoke runs).
 
   The target is a 2-layer d32 Llama over the 259-token vocabulary of `byte_level_tokenizer`. The draft is the same
@@ -299,7 +312,8 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
   so it agrees with the target wherever the text avoids them: drafts get accepted, SSD's cache hits, and every code
   path of the real pair runs. eagle=True gives an EAGLE draft instead (ssd_jax/eagle.py, random weights over the
   same reduced vocabulary, reading a 4-layer target): its guesses are poor, but every code path of a draft that
-  reads the target's features runs. dtype: the params' dtype ('bfloat16' for 16-bit tests).
+  reads the target's features runs. dtype: the params' dtype ('bfloat16' for 16-bit tests); kv_dtype: the target
+  KV cache's (as in `load`).
   """
   import jax
   import jax.numpy as jnp
@@ -318,9 +332,9 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
     ecfg = eagle_model.config_for_target(tcfg, len(known), name="tiny-eagle")
     eparams = eagle_model.init_params(jax.random.key(seed + 1), ecfg, tparams, np.asarray(known), scale=0.3)
     return Pipeline(LoadedModel(tcfg, tparams, "tiny-target"), tok, LoadedModel(ecfg, eparams, "tiny-eagle"),
-                    placement=make_placement(target_devices, draft_devices))
+                    placement=make_placement(target_devices, draft_devices), kv_dtype=kv_dtype)
   head_ids = jnp.asarray(known, jnp.int32)
   vocab_map = jnp.zeros((tok.vocab_size,), jnp.int32).at[head_ids].set(jnp.arange(len(known), dtype=jnp.int32))
   dparams = dict(tparams, embed=tparams["embed"][head_ids], head_ids=head_ids, vocab_map=vocab_map)
   return Pipeline(LoadedModel(tcfg, tparams, "tiny-target"), tok, LoadedModel(dcfg, dparams, "tiny-draft"),
-                  placement=make_placement(target_devices, draft_devices))
+                  placement=make_placement(target_devices, draft_devices), kv_dtype=kv_dtype)

@@ -225,6 +225,25 @@ def resolve_model_dir(name_or_path: str) -> str:
   return name_or_path
 
 
+def peek_model(name_or_path: str):
+  """Returns (config, the embedding's stored dtype) of an HF directory or an ssd-jax checkpoint without reading any
+  weight (the memory checks size a model before loading it); None for a GGUF file or what cannot be read so."""
+  path = resolve_model_dir(name_or_path)
+  try:
+    if os.path.isdir(path) and glob.glob(os.path.join(path, "*.safetensors")):
+      from .model_files import hf_config
+      from .sharded_load import tensor_index
+      cfg, files = hf_config(path)
+      return cfg, tensor_index(files)["embed_tokens.weight"][1]
+    import orbax.checkpoint as ocp
+    cfg = read_config(path)
+    meta = ocp.StandardCheckpointer().metadata(os.path.join(os.path.abspath(path), "params"))
+    meta = getattr(getattr(meta, "item_metadata", meta), "tree", getattr(meta, "item_metadata", meta))
+    return cfg, np.dtype(meta["embed"].dtype)
+  except Exception:  # noqa: BLE001 (a GGUF file, an EAGLE draft without its own embedding, a layout we do not know)
+    return None
+
+
 def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
   """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory;
   floating params in param_dtype(dtype, their stored dtype). An HF directory loads tensor by tensor straight onto

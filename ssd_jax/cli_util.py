@@ -168,6 +168,51 @@ def check_speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt:
          f"{available / gib:.1f} GiB available: lower --fan-out, --k or --batch-size")
 
 
+def param_bytes(cfg, dtype, weights: str = "full", tp: int = 1) -> int:
+  """Returns the bytes of `cfg`'s params on each device of a `tp`-device mesh (split as sharding.param_specs splits
+  them), floating params in `dtype`; weights='int8': each layer matrix one byte per weight plus a float32 scale per
+  output column (ssd_jax/quant.py), the embedding and head in `dtype`. Index tables are int32. An EAGLE draft (its
+  own layer only) is sized as 0: it is a fraction of a target's bytes."""
+  import numpy as np
+
+  from .param_decls import param_decls
+  from .quant import LAYER_MATRICES
+  from .sharding import param_specs
+
+  if getattr(cfg, "kind", None) == "eagle":
+    return 0
+  item = np.dtype(dtype).itemsize
+
+  def size(dc, spec, int8: bool) -> int:
+    dims = [n // tp if i < len(spec) and spec[i] is not None else n for i, n in enumerate(dc.shape)]
+    n = int(np.prod(dims, dtype=np.int64))
+    return 4 * n if dc.is_table else n + 4 * dims[-1] if int8 else n * item
+  decls, specs = param_decls(cfg), param_specs(cfg, tp)
+  total = sum(size(decls[k], specs[k], False) for k in decls if k != "layers")
+  return total + sum(size(dc, sp[k], weights == "int8" and k in LAYER_MATRICES)
+                     for lay, sp in zip(decls["layers"], specs["layers"]) for k, dc in lay.items())
+
+
+def kv_cache_bytes(cfg, batch: int, slots: int, dtype, tp: int = 1) -> int:
+  """Returns a KV cache's bytes on each device of a `tp`-device mesh (split by KV heads where they divide it)."""
+  import numpy as np
+
+  g = cfg.n_kv_heads // tp if cfg.n_kv_heads % tp == 0 else cfg.n_kv_heads
+  return 2 * cfg.n_layers * batch * slots * g * cfg.head_dim * np.dtype(dtype).itemsize
+
+
+def check_model_memory(parts: dict, available: int | None, where: str) -> None:
+  """Fails, naming the parts (bytes by name) and what to change, when they cannot fit together in the `available`
+  bytes of `where` (None: unknown, no check)."""
+  total = sum(parts.values())
+  size = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**28 else f"{b / 2**20:.1f} MiB"  # noqa: E731
+  if available is not None and total > available:
+    fail(f"the run needs an estimated {size(total)} on {where} ("
+         + ", ".join(f"{k} {size(v)}" for k, v in parts.items() if v) + f"), more than the {size(available)}"
+         " available: use 16-bit params (--dtype bfloat16), --quantize int8, a 16-bit --kv-dtype, more "
+         "--target-devices, or a smaller --batch-size / --max-new-tokens")
+
+
 def run_main(main) -> None:
   """Runs main() with the compilation cache on (`compile_cache`); expected errors end the process with a one-line
   message and exit code 2."""

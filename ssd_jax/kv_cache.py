@@ -38,6 +38,21 @@ class KVCache:
     return int(sum(a.size * a.dtype.itemsize for a in self.k + self.v))
 
 
+# The target KV cache's dtype: 'auto' follows the params (the embedding's dtype, which int8 weights keep).
+KV_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def cache_dtype(params, kv_dtype: str | None = None):
+  """Returns the dtype of a target KV cache for `params` under `kv_dtype` (None or 'auto': the params' dtype)."""
+  import numpy as np
+
+  if kv_dtype not in KV_DTYPES and kv_dtype is not None:
+    raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+  if kv_dtype in (None, "auto"):
+    return np.dtype(params["embed"].dtype)
+  return np.dtype(jnp.dtype(kv_dtype))
+
+
 def round_slots(n: int, multiple: int = 128) -> int:
   """Returns n rounded up to a multiple, so that cache sizes (and compiled programs) come from a small set."""
   return max(multiple, -(-n // multiple) * multiple)

@@ -76,3 +76,63 @@ def param_count(cfg: ModelConfig) -> int:
 
   shapes = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
   return int(sum(np.prod(s.shape) for s in jax.tree.leaves(shapes)))
+
+
+# Random values for `write_random_hf`: windows of one standard-normal block of prime length (1,000,003 values).
+_BLOCK = 1_000_003
+
+
+def write_random_hf(directory: str, cfg: ModelConfig, seed: int = 0, scale: float = 0.02) -> int:
+  """Writes `cfg` (a Llama-family config) as a Hugging Face directory, config.json and one model.safetensors of
+  random bfloat16 weights, tensor by tensor (the host never holds the model); returns the number of weights.
+
+  Values follow param_decls' initialisers: norm weights 1, the embedding N(0, 1), matrices N(0, scale^2). To write
+  10^10 bytes without drawing 10^9 numbers, each tensor is one standard-normal block of prime length repeated from a
+  per-tensor offset: a row of a tensor starts at (its index x its width) mod the block, and with fewer rows than
+  the block and no width a multiple of it, no two rows are equal (tied logits would make greedy checks vacuous)."""
+  import json
+  import os
+
+  import jax
+  import ml_dtypes
+  import numpy as np
+
+  from .model_files import hf_layout, is_layout_entry
+  from .param_decls import is_decl, param_decls
+
+  if cfg.attn_bias or cfg.qk_norm or cfg.head_vocab is not None:
+    raise ValueError("write_random_hf writes Llama-family configs (no biases, q/k norms or head vocabulary)")
+  block = np.random.default_rng(seed).standard_normal(_BLOCK).astype(np.float32)
+  entries = jax.tree.leaves(hf_layout(cfg), is_leaf=is_layout_entry)
+  decls = jax.tree.leaves(param_decls(cfg), is_leaf=is_decl)
+  header, off = {}, 0
+  for (name, transposed), dc in zip(entries, decls):
+    shape = list(reversed(dc.shape)) if transposed else list(dc.shape)
+    n = int(np.prod(shape)) * 2
+    header[name if name.startswith("lm_head") else "model." + name] = {"dtype": "BF16", "shape": shape,
+                                                                       "data_offsets": [off, off + n]}
+    off += n
+  raw = json.dumps(header).encode()
+  raw += b" " * (-len(raw) % 8)
+  with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+    f.write(len(raw).to_bytes(8, "little") + raw)
+    for i, (info, dc) in enumerate(zip(header.values(), decls)):
+      s = {"ones": 0.0, "normal1": 1.0}.get(dc.init, scale)
+      vals = (np.roll(block, -(i * 104729) % _BLOCK) * s + (dc.init == "ones")).astype(ml_dtypes.bfloat16).tobytes()
+      left = info["data_offsets"][1] - info["data_offsets"][0]
+      while left:
+        f.write(vals[:min(left, len(vals))])
+        left -= min(left, len(vals))
+  r = cfg.rope_scaling
+  hf = {"model_type": "llama", "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.ffn_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "bfloat16",
+        "max_position_embeddings": cfg.max_seq_len, "hidden_act": "silu"}
+  if r is not None:
+    hf["rope_scaling"] = {"rope_type": r.kind, "factor": r.factor, "low_freq_factor": r.low_freq_factor,
+                          "high_freq_factor": r.high_freq_factor, "original_max_position_embeddings":
+                          r.original_max_position}
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf, f)
+  return off // 2

@@ -57,3 +57,42 @@ def test_margin_scales_with_precision():
   row = np.asarray([10.0, -3.0])
   assert exactness.tie_margin(row, jnp.bfloat16) == 10.0 * 2.0 ** -7
   assert exactness.tie_margin(row, jnp.float32) < exactness.tie_margin(row, jnp.float16) < 10.0 * 2.0 ** -7
+
+
+@pytest.fixture
+def cache_dtypes(monkeypatch):
+  """Records the dtype of every target KV cache the decoders build."""
+  from ssd_jax.sharding import Placement
+  seen, orig = [], Placement.target_cache
+
+  def spy(self, *args):
+    cache = orig(self, *args)
+    seen.append({str(a.dtype) for a in cache.k + cache.v})
+    return cache
+  monkeypatch.setattr(Placement, "target_cache", spy)
+  return seen
+
+
+def test_bf16_kv_cache_under_f32_params_is_what_was_asked_and_greedy_sd_ssd_equal_ar(cache_dtypes):
+  """(bfloat16 params with their own bfloat16 cache: test_bf16_greedy_tokens_are_teacher_forced_argmax.)"""
+  from ssd_jax import api
+  pipe = api.load_tiny(kv_dtype="bfloat16")
+  pipe.ssd_placement = "devices"  # the draft on its own device of this process (no child process to start)
+  ids = [pipe.encode_prompt(p, chat=False) for p in ("The cat sat on the", "Once upon a time")]
+  out = {m: [r.token_ids for r in pipe.generate_ids(ids, mode=m, k=3, max_new_tokens=16, ignore_eos=True)]
+         for m in ("ar", "sd", "ssd")}
+  assert cache_dtypes and all(s == {"bfloat16"} for s in cache_dtypes)
+  assert out["sd"] == out["ar"] and out["ssd"] == out["ar"]
+  for p, t in zip(ids, out["ar"]):
+    exactness.check_teacher_forced(pipe.target.params, pipe.target.cfg, p, t)
+
+
+def test_kv_cache_follows_the_params_unless_set(cache_dtypes):
+  from ssd_jax import api
+  from ssd_jax.kv_cache import cache_dtype
+  pipe = api.load_tiny(dtype="bfloat16")
+  pipe.generate_ids([[1, 2, 3]], mode="ar", max_new_tokens=2)
+  assert cache_dtypes == [{"bfloat16"}]
+  assert cache_dtype(pipe.target.params, "float32") == np.float32
+  with pytest.raises(ValueError, match="KV cache dtype"):
+    api.load_tiny(kv_dtype="int4")

@@ -31,6 +31,13 @@ def tiny():
   return cfg, tp, dcfg, dp, jax.device_get(tp)
 
 
+@pytest.fixture(scope="module")
+def tiny_bf16():
+  """The same pair with bfloat16 params."""
+  cfg, tp, dcfg, dp = v4_pair("bfloat16")
+  return cfg, tp, dcfg, dp, jax.device_get(tp)
+
+
 def _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed, prompts=(PROMPT,), n_new=4):
   opts = DecodeOptions(max_new_tokens=n_new, temperature=temperature, top_p=top_p, ignore_eos=True, seed=seed)
   if mode == "ar":
@@ -78,14 +85,29 @@ def test_sampled_decoding_follows_the_numpy_law(tiny, mode, temperature, top_p):
   3000 rows over the 64 cells, chi-square at 1e-4: detects w >= 0.18 with power 0.99 (fewer cells after pooling
   only lower that bound); test_end_to_end_power shows the bugs it is for deviate by more.
   """
+  _check_law(tiny, mode, temperature, top_p, 1000 + 10 * ["ar", "sd", "ssd"].index(mode) +
+             SETTINGS.index((temperature, top_p)))
+
+
+@pytest.mark.parametrize("mode,temperature,top_p", [("sd", 1.5, 1.0), ("ssd", 1.0, 0.7)])
+def test_sampled_decoding_follows_the_numpy_law_in_bf16(tiny_bf16, mode, temperature, top_p):
+  """The test above with bfloat16 params, in two of its settings (the time it adds; SD's and SSD's first token is
+  AR's prefill draw, and the law is the numpy forward's
+  in float64 over the same bfloat16 weights. It cannot hold bit for bit: the decoders round activations to
+  bfloat16 at every layer and the reference does not, so the two laws differ by about 2^-8 relative per probability,
+  far below what 3000 rows can see (w >= 0.18); a broken law (test_end_to_end_power's bugs) is still seen."""
+  _check_law(tiny_bf16, mode, temperature, top_p, 1300 + 10 * ["ar", "sd", "ssd"].index(mode))
+
+
+def _check_law(tiny, mode, temperature, top_p, seed):
   cfg, tp, dcfg, dp, host = tiny
-  seed = 1000 + 10 * ["ar", "sd", "ssd"].index(mode) + SETTINGS.index((temperature, top_p))
   res = _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed, n_new=6 if mode == "ssd" else 4)
   if mode == "sd":
     assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   if mode == "ssd":
     hits = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
-    assert 0.2 < hits < 0.9, hits  # rounds served from the speculation cache and rounds the backup drafted
+    # Rounds served from the speculation cache and rounds the backup drafted (bfloat16 params at T = 0.5 hit 0.93).
+    assert 0.2 < hits < 0.95, hits
   assert_rows_follow_their_laws(res, [PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
 
 

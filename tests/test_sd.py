@@ -1,12 +1,13 @@
 """Speculative decoding: greedy equality with AR, end-to-end distribution at temperature 1, bad input."""
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
+from ssd_jax import checkpoints, model
 from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 
@@ -21,15 +22,22 @@ def _perturbed(params, scale, seed):
                                    for x, k in zip(leaves, keys)])
 
 
-def v4_pair():
+# The params' dtype of v4_pair, which the law tests decode with: SSD_JAX_TEST_PARAM_DTYPE=bfloat16 runs them with
+# 16-bit params (scripts/mutation_run.py --param-dtype bfloat16); float32 by default.
+TEST_PARAM_DTYPE = os.environ.get("SSD_JAX_TEST_PARAM_DTYPE", "float32")
+
+
+def v4_pair(dtype: str | None = None):
   """Returns (cfg, target params, draft cfg, draft params): a V=4 target and a draft noticeably different from it,
   for the laws at T > 0. Untied embeddings: with tied ones a tiny model repeats its last token with probability
   ~0.99, and a law that peaked leaves a test little to see. The draft's head is draft_heads.V4_HEAD (shuffled, token 1
-  left out), as a trained draft's is not a prefix of the vocabulary."""
+  left out), as a trained draft's is not a prefix of the vocabulary. dtype: the floating params' (None:
+  TEST_PARAM_DTYPE), cast after the draft is drawn, so both dtypes decode the same pair up to rounding."""
   cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
   dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.3, 5), V4_HEAD)
-  return cfg, tp, dcfg, dp
+  dt = dtype or TEST_PARAM_DTYPE
+  return cfg, checkpoints.cast_params(tp, dt), dcfg, checkpoints.cast_params(dp, dt)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..config import ModelConfig
+from ..kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from . import rounds
 from .base import DecodeResult, Programs, StreamFn
@@ -21,9 +22,12 @@ class ARDecoder:
   mode = "ar"
   k, head, dcfg, feature_layers = 0, None, None, ()  # no drafts, so no draft head or features
 
-  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "auto", placement: Placement | None = None):
+  def __init__(self, cfg: ModelConfig, params, attn_impl: str = "auto", placement: Placement | None = None,
+               kv_dtype: str | None = None):
+    """kv_dtype: the KV cache's dtype (None or 'auto': the params', kv_cache.cache_dtype)."""
     self.placement = placement or make_placement(1, 0)
     self.tcfg, self.attn_impl = cfg, attn_impl
+    self.kv_dtype = cache_dtype(params, kv_dtype)
     self.tparams = self.placement.shard_target(params, cfg)
     self.context = cfg.max_seq_len
     self.programs = Programs()

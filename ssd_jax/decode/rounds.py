@@ -37,8 +37,9 @@ class RunResult:
 class TargetSide:
   """The target's side of one run: its cache, sampling settings and compiled programs on the target mesh.
 
-  `dec` is the decoder: placement, tcfg, tparams (placed), attn_impl, feature_layers, programs, k, head (the draft's
-  head ids on the target, to widen a q served over the draft's head vocabulary; None when q comes full) and dcfg.
+  `dec` is the decoder: placement, tcfg, tparams (placed), kv_dtype, attn_impl, feature_layers, programs, k, head
+  (the draft's head ids on the target, to widen a q served over the draft's head vocabulary; None when q comes full)
+  and dcfg.
   """
 
   def __init__(self, dec, tokens, lengths, opts: DecodeOptions):
@@ -48,7 +49,7 @@ class TargetSide:
                                       platform=device_platform(pl.target_mesh))
     # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back.
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2)
-    self.cache = pl.target_cache(cfg, b, slots, dec.tparams["embed"].dtype)
+    self.cache = pl.target_cache(cfg, b, slots, dec.kv_dtype)
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                                          jnp.float32(opts.top_p)))
     self.tokens, self.lengths = rep(tokens), rep(lengths)

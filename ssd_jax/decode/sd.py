@@ -10,6 +10,7 @@ from typing import Sequence
 
 from ..config import ModelConfig
 from ..kernels.platform import device_platform
+from ..kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from . import rounds
 from .base import DecodeResult, Programs, StreamFn
@@ -25,8 +26,11 @@ class SDDecoder:
   head = dcfg = None  # the chain draft serves q over the full vocabulary
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params,
-               spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None):
+               spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None,
+               kv_dtype: str | None = None):
+    """kv_dtype: the target KV cache's dtype (None or 'auto': the target params', kv_cache.cache_dtype)."""
     check_pair(target_cfg, draft_cfg, spec, tree=False)
+    self.kv_dtype = cache_dtype(target_params, kv_dtype)
     self.placement = pl = placement or make_placement(1, 0)
     self.tcfg, self.k, self.attn_impl = target_cfg, spec.k, attn_impl
     self.context = min(target_cfg.max_seq_len, draft_cfg.max_seq_len)

@@ -1,0 +1,49 @@
+"""The flow of scripts/wide_ssd_check.py (issue 42's bar) at tiny widths: a random bfloat16 Llama-3.1-70B-shaped
+target and Llama-3.2-1B-shaped draft written as safetensors, loaded sharded onto 4 devices + a draft device; greedy
+SSD equals AR there and passes the teacher-forced check against the target on one device."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from ssd_jax import model_files
+from ssd_jax.named_configs import named_config, write_random_hf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(d_model=64, ffn_dim=128, n_heads=8, n_kv_heads=4, head_dim=8, vocab_size=384)
+
+
+@pytest.fixture(scope="module")
+def script():
+  spec = importlib.util.spec_from_file_location("wide_ssd_check", os.path.join(ROOT, "scripts", "wide_ssd_check.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_random_hf_writer_gives_distinct_rows_and_the_declared_scales(tmp_path):
+  cfg = named_config("llama-3.1-70b", n_layers=1, **SMALL)
+  n = write_random_hf(str(tmp_path), cfg)
+  got_cfg, params = model_files.read_hf_safetensors(str(tmp_path), progress=False)
+  assert got_cfg.d_model == cfg.d_model and got_cfg.rope_scaling == cfg.rope_scaling
+  assert n == sum(np.asarray(x).size for x in __import__("jax").tree.leaves(params))
+  head = np.asarray(params["lm_head"], np.float32)  # [d, V]: one column per token
+  assert len({col.tobytes() for col in head.T}) == cfg.vocab_size  # no tied logits by construction
+  assert np.all(np.asarray(params["final_norm"], np.float32) == 1.0)
+  assert 0.5 < np.asarray(params["embed"], np.float32).std() < 2 and 0.01 < head.std() < 0.04
+
+
+def test_tiny_wide_flow_ssd_equals_ar_and_one_device_is_within_margin(tmp_path, script):
+  tdir, ddir = tmp_path / "t", tmp_path / "d"
+  tdir.mkdir()
+  ddir.mkdir()
+  write_random_hf(str(tdir), named_config("llama-3.1-70b", n_layers=2, **SMALL), seed=0)
+  write_random_hf(str(ddir), named_config("llama-3.2-1b", n_layers=2, **dict(SMALL, d_model=32, ffn_dim=64)), seed=1)
+  prompts = [[1, 5, 9, 200], [7, 3], [300, 2, 2, 2, 11]]
+  out = script.decode_check(str(tdir), str(ddir), prompts, new_tokens=8)
+  assert out["dtypes"] == ["bfloat16"]
+  assert all(len(t) == 8 for t in out["ssd"])
+  assert out["ssd_equals_ar"], (out["ssd"], out["ar"])
+  assert out["within_margin"], (out["gaps"], out["margins"])
+  assert script.report(out, 1)
