@@ -15,7 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from . import cpu_ffi
 
 
-_TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT"}
+_TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT",
+            "ssd_rows_q8_0_t": "SsdRowsQ80T", "ssd_rows_q4_1_t": "SsdRowsQ41T"}
 
 
 def available() -> bool:
@@ -113,3 +114,29 @@ def variant(arch: str):
   device and without a gradient: tests check another instruction set's code path on this machine with it."""
   targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
   return lambda x, w, transposed=False: _ffi_local(x, w, transposed, targets)
+
+
+def _blocks_local(x, w, targets: dict[str, str] | None = None):
+  """x [..., C] @ dequantize_rows(w)^T [C, R] through the block kernel (w a blocks.BlockWeight)."""
+  name = "ssd_rows_q8_0_t" if w.kind == "Q8_0" else "ssd_rows_q4_1_t"
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (w.rows_shape[0],), jnp.float32)
+  args = (w.qs, w.d) if w.m is None else (w.qs, w.d, w.m)
+  return jax.ffi.ffi_call((targets or {}).get(name, name), out)(x, *args)
+
+
+def blocks_matmul(x, w):
+  """Returns x @ W^T for GGUF block weights w (blocks.BlockWeight, W [R, C] its rows) and float32 x [..., C], through
+  the CPU kernel, on one device and without a gradient (the weights are frozen). Raises like rows_matmul where the
+  kernel is not available."""
+  cpu_ffi.require("rows_matmul", _TARGETS, "blocks.dot_rows(..., use_kernel=False)")
+  if x.dtype != jnp.float32:
+    raise TypeError(f"blocks_matmul takes float32 activations, got {x.dtype}")
+  if x.shape[-1] != w.rows_shape[1]:
+    raise ValueError(f"blocks_matmul: x {x.shape} does not match blocks of rows {w.rows_shape}")
+  return _blocks_local(x, w)
+
+
+def blocks_variant(arch: str):
+  """Returns blocks_matmul(x, w) through the kernel built for `arch` (as `variant`; for tests)."""
+  targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
+  return lambda x, w: _blocks_local(x, w, targets)

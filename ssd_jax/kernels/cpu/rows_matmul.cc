@@ -275,6 +275,140 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
   return ffi::Error::Success();
 }
 
+// ---- y[M, N] = x[M, K] @ w[N, K]^T, the weights in GGUF blocks of 32 along K (Q8_0, Q4_1) as the file stores them ----
+//
+// The dot form above with each weight vector widened in registers instead of loaded: a block's kW-wide chunk is
+// converted to float and scaled exactly as gguf's dequantize does (Q8_0: d * q; Q4_1: fl(d * q) + m, where d * q is
+// exact in float32: an 11-bit half times an 8- or 4-bit integer), then accumulated by the same Fma()s, the same
+// reduction tree. So a row's result equals the float32 dot form on the dequantized weights, bit for bit, and does
+// not depend on the row count. Each weight byte is read once for all M rows.
+constexpr int kQK = 32;  // weights per block
+typedef int8_t vi8 __attribute__((vector_size(SSD_VW)));
+typedef uint8_t vu8 __attribute__((vector_size(SSD_VW)));
+
+// IEEE half to float (exact: every half is a float).
+inline float Half(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
+    const float f = static_cast<float>(man) * 5.9604644775390625e-08f;
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exp == 0x1f ? 0x7f800000u : (exp + 112) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+struct Q80 {  // q [N, K] int8, d [N, K/32] half
+  const int8_t* q;
+  const uint16_t* d;
+  int64_t K;
+  struct Blk { const int8_t* p; float d, m; };
+  Blk At(int64_t n, int64_t b) const { return {q + n * K + b * kQK, Half(d[n * (K / kQK) + b]), 0.f}; }
+  const void* Bytes(int64_t n, int64_t b) const { return q + n * K + b * kQK; }
+  static vf Chunk(const Blk& k, int c) {
+    vi8 v;
+    std::memcpy(&v, k.p + c * kW, sizeof(v));
+    return __builtin_convertvector(v, vf) * Splat(k.d);
+  }
+};
+
+struct Q41 {  // q [N, K/2] uint8 (byte j of a block: element j in the low nibble, j + 16 in the high), d, m [N, K/32]
+  const uint8_t* q;
+  const uint16_t* d;
+  const uint16_t* m;
+  int64_t K;
+  struct Blk { const uint8_t* p; float d, m; };
+  Blk At(int64_t n, int64_t b) const {
+    const int64_t i = n * (K / kQK) + b;
+    return {q + n * (K / 2) + b * (kQK / 2), Half(d[i]), Half(m[i])};
+  }
+  const void* Bytes(int64_t n, int64_t b) const { return q + n * (K / 2) + b * (kQK / 2); }
+  static vf Chunk(const Blk& k, int c) {
+    vu8 v;
+    std::memcpy(&v, k.p + (c * kW) % (kQK / 2), sizeof(v));
+    v = c * kW >= kQK / 2 ? v >> 4 : v & 15;
+    const vf prod = __builtin_convertvector(v, vf) * Splat(k.d);
+    return prod + Splat(k.m);
+  }
+};
+
+template <int M, int NR, typename B>
+inline void BlockDot(const float* X, const B& w, float* Y, int64_t K, int64_t N, int64_t n) {
+  vf acc[M][NR];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = vf{};
+  const bool ahead = n + (kDotPrefetchBlocks + 1) * NR <= N;
+  for (int64_t b = 0; b < K / kQK; ++b) {
+    typename B::Blk blk[NR];
+    for (int r = 0; r < NR; ++r) blk[r] = w.At(n + r, b);
+    if (ahead)
+      for (int r = 0; r < NR; ++r) __builtin_prefetch(w.Bytes(n + kDotPrefetchBlocks * NR + r, b), 0, 2);
+    for (int c = 0; c < kQK / kW; ++c) {
+      const int64_t k = b * kQK + c * kW;
+      vf e[NR];
+      for (int r = 0; r < NR; ++r) e[r] = B::Chunk(blk[r], c);
+      for (int m = 0; m < M; ++m) {
+        const vf x = Load(X + m * K + k);
+        for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < NR; ++r) {
+      const float s = HSum(acc[m][r]), t = 0.f;  // t: the dot form's empty k tail, added the same way
+      Y[m * N + n + r] = s + t;
+    }
+}
+
+template <int M, typename B>
+void BlockDotRows(const float* X, const B& w, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int NR = DotRowsPerBlock<M>();
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) BlockDot<M, NR>(X, w, Y, K, N, n);
+  for (; n < n1; ++n) BlockDot<M, 1>(X, w, Y, K, N, n);
+}
+
+template <typename B>
+ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const B& w, int64_t N, ffi::ResultBuffer<ffi::F32>& y,
+                   int64_t row_bytes) {
+  const int64_t K = w.K, M = Rows(x);
+  if (K % kQK != 0 || x.dimensions().back() != K)
+    return ffi::Error::InvalidArgument("blocks: x must have K columns, K a multiple of 32");
+  if (M < 1) return ffi::Error::Success();
+  const float* X = x.typed_data();
+  float* Y = y->typed_data();
+  const int threads = ThreadsFor(N);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    int64_t n0, n1;
+    Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
+    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+    Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      SSD_ROWS_CASES(r1 - r0, BlockDotRows, X + r0 * K, w, Y + r0 * N, K, N, c0, c1)
+    });
+  }
+  return ffi::Error::Success();
+}
+
+const uint16_t* HalfData(ffi::Buffer<ffi::F16>& h) { return reinterpret_cast<const uint16_t*>(h.untyped_data()); }
+
+ffi::Error RowsQ80TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q, ffi::Buffer<ffi::F16> d,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  auto qd = q.dimensions();
+  if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
+  const Q80 w{reinterpret_cast<const int8_t*>(q.untyped_data()), HalfData(d), qd[1]};
+  return BlocksT(x, w, qd[0], y, qd[1] + qd[1] / kQK * 2);
+}
+
+ffi::Error RowsQ41TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Buffer<ffi::F16> d,
+                        ffi::Buffer<ffi::F16> m, ffi::ResultBuffer<ffi::F32> y) {
+  auto qd = q.dimensions();
+  if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
+  const Q41 w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), HalfData(m), 2 * qd[1]};
+  return BlocksT(x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, RowsMatmulImpl,
@@ -282,4 +416,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, RowsMatmulImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulT, RowsMatmulTImpl,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ80T, RowsQ80TImpl,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F16>>().Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ41T, RowsQ41TImpl,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F16>>().Arg<ffi::Buffer<ffi::F16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
