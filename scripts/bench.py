@@ -55,7 +55,8 @@ def parse_args(argv=None):
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--quantize", default="full", choices=["full", "int8"], help="int8: weight-only int8 target")
+  p.add_argument("--quantize", default="full", choices=["full", "int8", "gguf"],
+                 help="target weights: int8 (weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
   p.add_argument("--attention", default="auto",
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
   p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],

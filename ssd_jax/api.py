@@ -29,6 +29,7 @@ from .tokenizer import TextTokenizer
 
 MODES = defaults.MODES
 SSD_PLACEMENTS = defaults.SSD_PLACEMENTS  # 'auto': by where it runs (defaults.auto_ssd_placement)
+WEIGHTS = quant.WEIGHT_FORMATS + ("gguf",)  # gguf: the GGUF target's own blocks (blocks.py)
 PLANNED_MODES = ()
 
 
@@ -252,16 +253,22 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   default: 'processes' on a CPU with at least two usable cores, else 'devices'; `defaults.auto_ssd_placement`).
   dtype: the floating params' dtype on device, for target and draft: 'auto' (the checkpoint's on accelerators,
   float32 on a CPU: `checkpoints.param_dtype`), 'float32', 'bfloat16' or 'float16'. The target's KV cache follows it.
-  weights: 'full' (as loaded) or 'int8' (the target's layer matrices weight-only int8 per output channel:
-  ssd_jax/quant.py; the draft, small and latency-bound, keeps its dtype).
+  weights: 'full' (as loaded), 'int8' (the target's layer matrices weight-only int8 per output channel:
+  ssd_jax/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from the
+  file: ssd_jax/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its format.
   """
   if ssd_placement not in SSD_PLACEMENTS:
     raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
-  if weights not in quant.WEIGHT_FORMATS:
-    raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(quant.WEIGHT_FORMATS)}")
+  if weights not in WEIGHTS:
+    raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
   placement = make_placement(target_devices, draft_devices)
-  tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
-  tparams = quant.quantize_params(tparams, weights)
+  if weights == "gguf":
+    if target_devices != 1:
+      raise ValueError("weights='gguf' runs the target on one device; use target_devices=1")
+    tcfg, tparams, tok = checkpoints.load_model(target, dtype, keep_blocks=True)
+  else:
+    tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
+    tparams = quant.quantize_params(tparams, weights)
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None

@@ -161,7 +161,9 @@ def attach_target(params: dict, target_params: dict) -> dict:
   """Returns draft params with the target's parts attached: its token embedding [V, d] and the draft's head
   [V_out, d], the `head_ids` rows of the target's LM head (its embedding when tied, its lm_head [d, V] when not:
   Llama-3.1-70B and Qwen3-32B are untied)."""
+  from .blocks import dequantize, is_block
   embed, ids = target_params["embed"], jnp.asarray(params["head_ids"])
+  embed = dequantize(embed) if is_block(embed) else embed  # GGUF blocks: the draft reads float32 rows
   head = jnp.take(target_params["lm_head"], ids, axis=1).T if "lm_head" in target_params else jnp.take(embed, ids, 0)
   return dict(params, embed=embed, head=head)
 

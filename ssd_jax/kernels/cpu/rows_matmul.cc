@@ -283,11 +283,45 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
 // reduction tree. So a row's result equals the float32 dot form on the dequantized weights, bit for bit, and does
 // not depend on the row count. Each weight byte is read once for all M rows.
 constexpr int kQK = 32;  // weights per block
-typedef int8_t vi8 __attribute__((vector_size(SSD_VW)));
-typedef uint8_t vu8 __attribute__((vector_size(SSD_VW)));
+
+// kW int8 (or 4-bit: the low or high nibbles of kW bytes) values widened to float, exactly.
+inline vf WidenS8(const int8_t* p) {
+#if SSD_VW == 16
+  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(p)))));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+      reinterpret_cast<const __m128i*>(p)))));
+#else
+  vf r;
+  for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(p[i]);
+  return r;
+#endif
+}
+
+inline vf WidenNibbles(const uint8_t* p, bool high) {
+#if SSD_VW == 16 || defined(__AVX2__)
+  const __m128i* q = reinterpret_cast<const __m128i*>(p);
+  __m128i v = SSD_VW == 16 ? _mm_loadu_si128(q) : _mm_loadl_epi64(q);
+  if (high) v = _mm_srli_epi16(v, 4);
+  v = _mm_and_si128(v, _mm_set1_epi8(15));
+#if SSD_VW == 16
+  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
+#else
+  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+#endif
+#else
+  vf r;
+  for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(high ? p[i] >> 4 : p[i] & 15);
+  return r;
+#endif
+}
 
 // IEEE half to float (exact: every half is a float).
 inline float Half(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#endif
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
     const float f = static_cast<float>(man) * 5.9604644775390625e-08f;
@@ -306,11 +340,7 @@ struct Q80 {  // q [N, K] int8, d [N, K/32] half
   struct Blk { const int8_t* p; float d, m; };
   Blk At(int64_t n, int64_t b) const { return {q + n * K + b * kQK, Half(d[n * (K / kQK) + b]), 0.f}; }
   const void* Bytes(int64_t n, int64_t b) const { return q + n * K + b * kQK; }
-  static vf Chunk(const Blk& k, int c) {
-    vi8 v;
-    std::memcpy(&v, k.p + c * kW, sizeof(v));
-    return __builtin_convertvector(v, vf) * Splat(k.d);
-  }
+  static vf Chunk(const Blk& k, int c) { return WidenS8(k.p + c * kW) * Splat(k.d); }
 };
 
 struct Q41 {  // q [N, K/2] uint8 (byte j of a block: element j in the low nibble, j + 16 in the high), d, m [N, K/32]
@@ -325,10 +355,7 @@ struct Q41 {  // q [N, K/2] uint8 (byte j of a block: element j in the low nibbl
   }
   const void* Bytes(int64_t n, int64_t b) const { return q + n * (K / 2) + b * (kQK / 2); }
   static vf Chunk(const Blk& k, int c) {
-    vu8 v;
-    std::memcpy(&v, k.p + (c * kW) % (kQK / 2), sizeof(v));
-    v = c * kW >= kQK / 2 ? v >> 4 : v & 15;
-    const vf prod = __builtin_convertvector(v, vf) * Splat(k.d);
+    const vf prod = WidenNibbles(k.p + (c * kW) % (kQK / 2), c * kW >= kQK / 2) * Splat(k.d);
     return prod + Splat(k.m);
   }
 };
