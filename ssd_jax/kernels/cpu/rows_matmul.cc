@@ -333,51 +333,80 @@ inline float Half(uint16_t h) {
   return f;
 }
 
-struct Q80 {  // q [N, K] int8, d [N, K/32] half
-  const int8_t* q;
-  const uint16_t* d;
-  int64_t K;
-  struct Blk { const int8_t* p; float d, m; };
-  Blk At(int64_t n, int64_t b) const { return {q + n * K + b * kQK, Half(d[n * (K / kQK) + b]), 0.f}; }
-  const void* Bytes(int64_t n, int64_t b) const { return q + n * K + b * kQK; }
-  static vf Chunk(const Blk& k, int c) { return WidenS8(k.p + c * kW) * Splat(k.d); }
-};
+// n <= 16 halves to floats (16 at once with F16C).
+inline void Halves(const uint16_t* h, int n, float* out) {
+#if defined(__F16C__)
+  if (n == 16) {
+    for (int i = 0; i < 16; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    return;
+  }
+#endif
+  for (int i = 0; i < n; ++i) out[i] = Half(h[i]);
+}
 
-struct Q41 {  // q [N, K/2] uint8 (byte j of a block: element j in the low nibble, j + 16 in the high), d, m [N, K/32]
+// The blocks of a matrix [N, K]: per row K/32 blocks of kQBytes value bytes, scales d and (Q4_1) mins m [N, K/32].
+struct Blocks {
   const uint8_t* q;
   const uint16_t* d;
   const uint16_t* m;
   int64_t K;
-  struct Blk { const uint8_t* p; float d, m; };
-  Blk At(int64_t n, int64_t b) const {
-    const int64_t i = n * (K / kQK) + b;
-    return {q + n * (K / 2) + b * (kQK / 2), Half(d[i]), Half(m[i])};
-  }
-  const void* Bytes(int64_t n, int64_t b) const { return q + n * (K / 2) + b * (kQK / 2); }
-  static vf Chunk(const Blk& k, int c) {
-    const vf prod = WidenNibbles(k.p + (c * kW) % (kQK / 2), c * kW >= kQK / 2) * Splat(k.d);
-    return prod + Splat(k.m);
+};
+
+struct Q80 {  // q: int8 values
+  static constexpr int kQBytes = kQK;
+  static constexpr bool kMin = false;
+  static vf Chunk(const uint8_t* p, int c, vf d, vf) { return WidenS8(reinterpret_cast<const int8_t*>(p) + c * kW) * d; }
+};
+
+struct Q41 {  // q: byte j of a block holds element j in its low nibble, element j + 16 in its high nibble
+  static constexpr int kQBytes = kQK / 2;
+  static constexpr bool kMin = true;
+  // fl(d * q + m) fused or not is the same number: d * q is exact in float32, so the one rounding is the add's.
+  static vf Chunk(const uint8_t* p, int c, vf d, vf m) {
+    return Fma(WidenNibbles(p + (c * kW) % kQBytes, c * kW >= kQBytes), d, m);
   }
 };
 
+constexpr int kScaleGroup = 16;  // blocks whose scales are widened at once
+
 template <int M, int NR, typename B>
-inline void BlockDot(const float* X, const B& w, float* Y, int64_t K, int64_t N, int64_t n) {
+inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n) {
+  const int64_t nb = K / kQK;
+  const uint8_t* qr[NR];
+  const uint8_t* ahead[NR];
+  const uint16_t* dr[NR];
+  const uint16_t* mr[NR];
+  const bool pref = n + (kDotPrefetchBlocks + 1) * NR <= N;
+  for (int r = 0; r < NR; ++r) {
+    qr[r] = w.q + (n + r) * nb * B::kQBytes;
+    ahead[r] = pref ? w.q + (n + kDotPrefetchBlocks * NR + r) * nb * B::kQBytes : nullptr;
+    dr[r] = w.d + (n + r) * nb;
+    mr[r] = B::kMin ? w.m + (n + r) * nb : nullptr;
+  }
   vf acc[M][NR];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = vf{};
-  const bool ahead = n + (kDotPrefetchBlocks + 1) * NR <= N;
-  for (int64_t b = 0; b < K / kQK; ++b) {
-    typename B::Blk blk[NR];
-    for (int r = 0; r < NR; ++r) blk[r] = w.At(n + r, b);
-    if (ahead)
-      for (int r = 0; r < NR; ++r) __builtin_prefetch(w.Bytes(n + kDotPrefetchBlocks * NR + r, b), 0, 2);
-    for (int c = 0; c < kQK / kW; ++c) {
-      const int64_t k = b * kQK + c * kW;
-      vf e[NR];
-      for (int r = 0; r < NR; ++r) e[r] = B::Chunk(blk[r], c);
-      for (int m = 0; m < M; ++m) {
-        const vf x = Load(X + m * K + k);
-        for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
+  float sd[NR][kScaleGroup], sm[NR][kScaleGroup];
+  for (int64_t g = 0; g < nb; g += kScaleGroup) {
+    const int gn = nb - g < kScaleGroup ? static_cast<int>(nb - g) : kScaleGroup;
+    for (int r = 0; r < NR; ++r) {
+      Halves(dr[r] + g, gn, sd[r]);
+      if (B::kMin) Halves(mr[r] + g, gn, sm[r]);
+    }
+    for (int j = 0; j < gn; ++j) {
+      const int64_t b = g + j;
+      if (pref && (b * B::kQBytes) % 64 == 0)
+        for (int r = 0; r < NR; ++r) __builtin_prefetch(ahead[r] + b * B::kQBytes, 0, 2);
+      for (int c = 0; c < kQK / kW; ++c) {
+        const int64_t k = b * kQK + c * kW;
+        vf e[NR];
+        for (int r = 0; r < NR; ++r)
+          e[r] = B::Chunk(qr[r] + b * B::kQBytes, c, Splat(sd[r][j]), B::kMin ? Splat(sm[r][j]) : vf{});
+        for (int m = 0; m < M; ++m) {
+          const vf x = Load(X + m * K + k);
+          for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
+        }
       }
     }
   }
@@ -389,15 +418,15 @@ inline void BlockDot(const float* X, const B& w, float* Y, int64_t K, int64_t N,
 }
 
 template <int M, typename B>
-void BlockDotRows(const float* X, const B& w, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+void BlockDotRows(B /* kind */, const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
   constexpr int NR = DotRowsPerBlock<M>();
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) BlockDot<M, NR>(X, w, Y, K, N, n);
-  for (; n < n1; ++n) BlockDot<M, 1>(X, w, Y, K, N, n);
+  for (; n + NR <= n1; n += NR) BlockDot<M, NR, B>(X, w, Y, K, N, n);
+  for (; n < n1; ++n) BlockDot<M, 1, B>(X, w, Y, K, N, n);
 }
 
 template <typename B>
-ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const B& w, int64_t N, ffi::ResultBuffer<ffi::F32>& y,
+ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const Blocks& w, int64_t N, ffi::ResultBuffer<ffi::F32>& y,
                    int64_t row_bytes) {
   const int64_t K = w.K, M = Rows(x);
   if (K % kQK != 0 || x.dimensions().back() != K)
@@ -412,7 +441,7 @@ ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const B& w, int64_t N, ffi::ResultB
     Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
     const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(row_bytes, 1));
     Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-      SSD_ROWS_CASES(r1 - r0, BlockDotRows, X + r0 * K, w, Y + r0 * N, K, N, c0, c1)
+      SSD_ROWS_CASES(r1 - r0, BlockDotRows, B{}, X + r0 * K, w, Y + r0 * N, K, N, c0, c1)
     });
   }
   return ffi::Error::Success();
@@ -424,16 +453,16 @@ ffi::Error RowsQ80TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q, ffi::Bu
                         ffi::ResultBuffer<ffi::F32> y) {
   auto qd = q.dimensions();
   if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
-  const Q80 w{reinterpret_cast<const int8_t*>(q.untyped_data()), HalfData(d), qd[1]};
-  return BlocksT(x, w, qd[0], y, qd[1] + qd[1] / kQK * 2);
+  const Blocks w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), nullptr, qd[1]};
+  return BlocksT<Q80>(x, w, qd[0], y, qd[1] + qd[1] / kQK * 2);
 }
 
 ffi::Error RowsQ41TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Buffer<ffi::F16> d,
                         ffi::Buffer<ffi::F16> m, ffi::ResultBuffer<ffi::F32> y) {
   auto qd = q.dimensions();
   if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
-  const Q41 w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), HalfData(m), 2 * qd[1]};
-  return BlocksT(x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
+  const Blocks w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), HalfData(m), 2 * qd[1]};
+  return BlocksT<Q41>(x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
 }
 
 }  // namespace
