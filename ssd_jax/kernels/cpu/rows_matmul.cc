@@ -363,8 +363,18 @@ struct Q41 {  // q: byte j of a block holds element j in its low nibble, element
   static constexpr int kQBytes = kQK / 2;
   static constexpr bool kMin = true;
   // fl(d * q + m) fused or not is the same number: d * q is exact in float32, so the one rounding is the add's.
+  // With 16 lanes the block's 16 possible weights are one register: each nibble picks its weight (vpermps), which
+  // takes two vector operations fewer per chunk than widening the nibbles and scaling them.
   static vf Chunk(const uint8_t* p, int c, vf d, vf m) {
+#if SSD_VW == 16
+    const vf table = Fma(vf{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, d, m);
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if (c == 1) v = _mm_srli_epi16(v, 4);
+    v = _mm_and_si128(v, _mm_set1_epi8(15));
+    return reinterpret_cast<vf>(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), reinterpret_cast<__m512>(table)));
+#else
     return Fma(WidenNibbles(p + (c * kW) % kQBytes, c * kW >= kQBytes), d, m);
+#endif
   }
 };
 
