@@ -127,6 +127,16 @@ def test_block_kernel_equals_the_float32_dot_form_and_the_portable_path(kind, m)
 
 
 @needs_kernel
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_kernel_on_random_blocks_over_the_whole_half_range(kind):
+  """Scales and mins anywhere in the half range (subnormals, -0 included): still the dot form's bits."""
+  w = jax.tree.map(jnp.asarray, _random_blocks(np.random.default_rng(9), kind, 40, 256))
+  x = jnp.asarray(np.random.default_rng(10).standard_normal((3, 256)).astype(np.float32))
+  _same_bits(jax.jit(rows_matmul.blocks_matmul)(x, w),
+             jax.jit(lambda x, e: rows_matmul.rows_matmul(x, e, True))(x, blocks.dequantize_rows(w)))
+
+
+@needs_kernel
 def test_dense_takes_the_kernel_for_few_rows_and_the_portable_path_for_many():
   rng = np.random.default_rng(5)
   w = jax.tree.map(jnp.asarray, block_weight(rng.standard_normal((64, 96)).astype(np.float32), "Q4_1"))

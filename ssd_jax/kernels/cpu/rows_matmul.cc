@@ -380,6 +380,14 @@ struct Q41 {  // q: byte j of a block holds element j in its low nibble, element
 
 constexpr int kScaleGroup = 16;  // blocks whose scales are widened at once
 
+// a in every lane as it is: one broadcast (Splat's vf{} + a costs a scalar add first, and turns a -0 scale into +0,
+// where gguf's d * q keeps the sign of zero).
+inline vf Bcast(float a) {
+  vf v;
+  for (int i = 0; i < kW; ++i) v[i] = a;
+  return v;
+}
+
 template <int M, int NR, typename B>
 inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n) {
   const int64_t nb = K / kQK;
@@ -412,7 +420,7 @@ inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64
         const int64_t k = b * kQK + c * kW;
         vf e[NR];
         for (int r = 0; r < NR; ++r)
-          e[r] = B::Chunk(qr[r] + b * B::kQBytes, c, Splat(sd[r][j]), B::kMin ? Splat(sm[r][j]) : vf{});
+          e[r] = B::Chunk(qr[r] + b * B::kQBytes, c, Bcast(sd[r][j]), B::kMin ? Bcast(sm[r][j]) : vf{});
         for (int m = 0; m < M; ++m) {
           const vf x = Load(X + m * K + k);
           for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
