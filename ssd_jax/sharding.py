@@ -147,9 +147,12 @@ class Placement:
     """Returns one param placed by `spec`; an int8 matrix's scales [N] are split like its output columns."""
     from .blocks import BlockWeight
     from .quant import Int8Weight
-    if isinstance(x, BlockWeight):  # its arrays are in the file's row order: a layer matrix's [out, in]
-      s2 = (tuple(spec) + (None, None))[:2]
-      fs = NamedSharding(self.target_mesh, P(*(s2[::-1] if x.transposed else s2)))
+    if isinstance(x, BlockWeight):  # its arrays are in the file's row order (a layer matrix's [out, in]); the axis
+      s2 = (tuple(spec) + (None, None))[:2]  # along the blocks is split only where the blocks divide the mesh
+      rows, cols = s2[::-1] if x.transposed else s2
+      if cols is not None and x.d.shape[1] % self.target_mesh.shape[cols]:
+        cols = None
+      fs = NamedSharding(self.target_mesh, P(rows, cols))
       return dataclasses.replace(x, qs=self.put(x.qs, fs), d=self.put(x.d, fs),
                                  m=None if x.m is None else self.put(x.m, fs))
     if isinstance(x, Int8Weight):
