@@ -223,10 +223,9 @@ def layer_outputs(params: dict, h_prev: jax.Array, attn_out: jax.Array, cfg: Eag
 
 def head_logits(params: dict, x: jax.Array, platform: str | None = None) -> jax.Array:
   """Returns logits [..., V_out] (float32) over the draft's head rows."""
-  from .model import _use_rows_kernel
-  from .kernels import rows_matmul
+  from .model import _rows, _use_rows_kernel
   if _use_rows_kernel(x, params["head"], platform):
-    return rows_matmul.rows_matmul(x, params["head"], transposed=True)
+    return _rows(x, params["head"], transposed=True)
   return jnp.einsum("...d,vd->...v", x, params["head"]).astype(jnp.float32)
 
 

@@ -16,7 +16,8 @@ from . import cpu_ffi
 
 
 _TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT",
-            "ssd_rows_q8_0_t": "SsdRowsQ80T", "ssd_rows_q4_1_t": "SsdRowsQ41T"}
+            "ssd_rows_q8_0_t": "SsdRowsQ80T", "ssd_rows_q4_1_t": "SsdRowsQ41T",
+            "ssd_rows_matmul_bf16": "SsdRowsMatmulBf16", "ssd_rows_matmul_bf16_t": "SsdRowsMatmulBf16T"}
 
 
 def available() -> bool:
@@ -32,7 +33,7 @@ def ref_rows_matmul(x, w, transposed: bool = False):
 def _ffi_local(x, w, transposed: bool, targets: dict[str, str] | None = None):
   n = w.shape[0] if transposed else w.shape[1]
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
-  name = "ssd_rows_matmul_t" if transposed else "ssd_rows_matmul"
+  name = ("ssd_rows_matmul_bf16" if w.dtype == jnp.bfloat16 else "ssd_rows_matmul") + ("_t" if transposed else "")
   return jax.ffi.ffi_call((targets or {}).get(name, name), out)(x, w)
 
 
@@ -99,11 +100,13 @@ _rows.defvjp(_rows_fwd, _rows_bwd)
 
 
 def rows_matmul(x, w, transposed: bool = False):
-  """Returns x @ w (or x @ w.T) through the CPU kernel; float32 only. Builds the kernel on first use; raises a
-  RuntimeError where it cannot (`available()` says so beforehand; `ref_rows_matmul` is the portable product)."""
+  """Returns x @ w (or x @ w.T) through the CPU kernel, in float32: float32 x, float32 or bfloat16 w (widened in
+  registers, exactly). Builds the kernel on first use; raises a RuntimeError where it cannot (`available()` says so
+  beforehand; `ref_rows_matmul` is the portable product)."""
   cpu_ffi.require("rows_matmul", _TARGETS, "ref_rows_matmul")
-  if x.dtype != jnp.float32 or w.dtype != jnp.float32:
-    raise TypeError(f"rows_matmul takes float32 operands, got {x.dtype} and {w.dtype}; use ref_rows_matmul")
+  if x.dtype != jnp.float32 or w.dtype not in (jnp.float32, jnp.bfloat16):
+    raise TypeError(f"rows_matmul takes float32 x and float32 or bfloat16 w, got {x.dtype} and {w.dtype}; "
+                    "use ref_rows_matmul")
   if w.ndim != 2 or x.shape[-1] != w.shape[1 if transposed else 0]:
     raise ValueError(f"rows_matmul: x {x.shape} does not match w {w.shape} (transposed={transposed})")
   return _rows(x, w, transposed)

@@ -59,6 +59,32 @@ constexpr int64_t kPrefetchPanels = 1;
 constexpr int64_t kDotPrefetchBlocks = 2;
 constexpr int kSpareRegs = 5;
 
+// Weights are float32 or bfloat16 (Bf16: its bits); a bfloat16 weight widens to float exactly (its bits shifted up).
+struct Bf16 {
+  uint16_t bits;
+};
+inline float ToF(float w) { return w; }
+inline float ToF(Bf16 w) {
+  const uint32_t u = static_cast<uint32_t>(w.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline vf LoadW(const float* p) { return Load(p); }
+inline vf LoadW(const Bf16* p) {
+#if SSD_VW == 16
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return reinterpret_cast<vf>(_mm512_slli_epi32(v, 16));
+#elif defined(__AVX2__)
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return reinterpret_cast<vf>(_mm256_slli_epi32(v, 16));
+#else
+  vf r;
+  for (int i = 0; i < kW; ++i) r[i] = ToF(p[i]);
+  return r;
+#endif
+}
+
 // Vectors per column block for M rows: as wide as the registers allow (M * NB accumulators, NB weight vectors and
 // a broadcast).
 template <int M>
@@ -68,8 +94,8 @@ constexpr int ColVecs() {
 }
 
 // Columns [n, n + NB * kW) of y for weight rows [k0, k1).
-template <int M, int NB>
-inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
+template <int M, int NB, typename T>
+inline void PanelBlock(const float* X, const T* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
                        int64_t n, bool first) {
   // The same columns kPrefetchPanels panels on, into L2, one row per k step (spread out, so the prefetches never
   // queue up behind each other): a panel's rows are short streams that the hardware prefetchers barely ramp up on,
@@ -79,9 +105,9 @@ inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int6
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = vf{};
   for (int64_t k = k0; k < k1; ++k) {
-    const float* wr = W + k * N + n;
+    const T* wr = W + k * N + n;
     vf w[NB];
-    for (int j = 0; j < NB; ++j) w[j] = Load(wr + j * kW);
+    for (int j = 0; j < NB; ++j) w[j] = LoadW(wr + j * kW);
     if (k + pd < K)
       for (int j = 0; j < NB * kW; j += 16) __builtin_prefetch(wr + pd * N + j, 0, 2);
     for (int m = 0; m < M; ++m) {
@@ -97,28 +123,28 @@ inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int6
 }
 
 // Columns [n, n1) (fewer than a vector): the same sums, one column at a time.
-template <int M>
-inline void PanelTail(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
+template <int M, typename T>
+inline void PanelTail(const float* X, const T* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
                       int64_t n, int64_t n1, bool first) {
   for (; n < n1; ++n)
     for (int m = 0; m < M; ++m) {
       float s = 0.f;
-      for (int64_t k = k0; k < k1; ++k) s = Fma(X[m * K + k], W[k * N + n], s);
+      for (int64_t k = k0; k < k1; ++k) s = Fma(X[m * K + k], ToF(W[k * N + n]), s);
       Y[m * N + n] = first ? s : Y[m * N + n] + s;
     }
 }
 
 // y columns [n0, n1) (n0 a multiple of kW; n1 one too, or N).
-template <int M>
-void AxpyRows(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <int M, typename T>
+void AxpyRows(const float* X, const T* W, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
   constexpr int NB = ColVecs<M>();
   for (int64_t k0 = 0; k0 < K; k0 += kPanel) {
     const int64_t k1 = k0 + kPanel < K ? k0 + kPanel : K;
     const bool first = k0 == 0;
     int64_t n = n0;
-    for (; n + NB * kW <= n1; n += NB * kW) PanelBlock<M, NB>(X, W, Y, K, N, k0, k1, n, first);
-    for (; n + kW <= n1; n += kW) PanelBlock<M, 1>(X, W, Y, K, N, k0, k1, n, first);
-    PanelTail<M>(X, W, Y, K, N, k0, k1, n, n1, first);
+    for (; n + NB * kW <= n1; n += NB * kW) PanelBlock<M, NB, T>(X, W, Y, K, N, k0, k1, n, first);
+    for (; n + kW <= n1; n += kW) PanelBlock<M, 1, T>(X, W, Y, K, N, k0, k1, n, first);
+    PanelTail<M, T>(X, W, Y, K, N, k0, k1, n, n1, first);
   }
 }
 
@@ -132,15 +158,15 @@ constexpr int DotRowsPerBlock() {
   return nr < 1 ? 1 : (nr > 6 ? 6 : nr);
 }
 
-template <int M, int NR>
-inline void DotBlock(const float* X, const float* E, float* Y, int64_t K, int64_t N, int64_t n) {
+template <int M, int NR, typename T>
+inline void DotBlock(const float* X, const T* E, float* Y, int64_t K, int64_t N, int64_t n) {
   const int64_t kv = K - K % kW;
   vf acc[M][NR];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = vf{};
   for (int64_t k = 0; k < kv; k += kW) {
     vf e[NR];
-    for (int r = 0; r < NR; ++r) e[r] = Load(E + (n + r) * K + k);
+    for (int r = 0; r < NR; ++r) e[r] = LoadW(E + (n + r) * K + k);
     // Rows two blocks on, into L2: with many rows the arithmetic per weight byte outruns the hardware prefetcher.
     if (n + (kDotPrefetchBlocks + 1) * NR <= N)
       for (int r = 0; r < NR; ++r) __builtin_prefetch(E + (n + kDotPrefetchBlocks * NR + r) * K + k, 0, 2);
@@ -152,18 +178,18 @@ inline void DotBlock(const float* X, const float* E, float* Y, int64_t K, int64_
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) {
       float s = HSum(acc[m][r]), t = 0.f;
-      for (int64_t k = kv; k < K; ++k) t = Fma(X[m * K + k], E[(n + r) * K + k], t);
+      for (int64_t k = kv; k < K; ++k) t = Fma(X[m * K + k], ToF(E[(n + r) * K + k]), t);
       Y[m * N + n + r] = s + t;
     }
 }
 
 // y columns [n0, n1).
-template <int M>
-void DotRows(const float* X, const float* E, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <int M, typename T>
+void DotRows(const float* X, const T* E, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
   constexpr int NR = DotRowsPerBlock<M>();
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) DotBlock<M, NR>(X, E, Y, K, N, n);
-  for (; n < n1; ++n) DotBlock<M, 1>(X, E, Y, K, N, n);
+  for (; n + NR <= n1; n += NR) DotBlock<M, NR, T>(X, E, Y, K, N, n);
+  for (; n < n1; ++n) DotBlock<M, 1, T>(X, E, Y, K, N, n);
 }
 
 #define SSD_ROWS_CASES(rows, fn, ...)                 \
@@ -229,20 +255,21 @@ int ThreadsFor(int64_t n) {
   return t < 1 ? 1 : (t < avail ? static_cast<int>(t) : avail);
 }
 
-ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> e, ffi::ResultBuffer<ffi::F32> y) {
+template <typename T, ffi::DataType D>
+ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> e, ffi::ResultBuffer<ffi::F32> y) {
   auto ed = e.dimensions();
   if (ed.size() != 2) return ffi::Error::InvalidArgument("weights must be 2-D");
   const int64_t N = ed[0], K = ed[1], M = Rows(x);
   if (M < 1) return ffi::Error::Success();
   const float* X = x.typed_data();
-  const float* E = e.typed_data();
+  const T* E = reinterpret_cast<const T*>(e.untyped_data());
   float* Y = y->typed_data();
   const int threads = ThreadsFor(N);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     int64_t n0, n1;
     Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (4 * std::max<int64_t>(K, 1)));
+    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (sizeof(T) * std::max<int64_t>(K, 1)));
     Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       SSD_ROWS_CASES(r1 - r0, DotRows, X + r0 * K, E, Y + r0 * N, K, N, c0, c1)
     });
@@ -250,13 +277,14 @@ ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> e, ffi
   return ffi::Error::Success();
 }
 
-ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y) {
+template <typename T, ffi::DataType D>
+ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
   if (wd.size() != 2) return ffi::Error::InvalidArgument("weights must be 2-D");
   const int64_t K = wd[0], N = wd[1], M = Rows(x);
   if (M < 1) return ffi::Error::Success();
   const float* X = x.typed_data();
-  const float* W = w.typed_data();
+  const T* W = reinterpret_cast<const T*>(w.untyped_data());
   float* Y = y->typed_data();
   if (K == 0) {
     std::memset(Y, 0, sizeof(float) * M * N);
@@ -267,7 +295,7 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
   {
     int64_t n0, n1;
     Split(N, omp_get_num_threads(), omp_get_thread_num(), kW, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (4 * K * kW)) * kW;
+    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(sizeof(T)) * K * kW)) * kW;
     Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       SSD_ROWS_CASES(r1 - r0, AxpyRows, X + r0 * K, W, Y + r0 * N, K, N, c0, c1)
     });
@@ -485,10 +513,10 @@ ffi::Error RowsQ41TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Bu
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, RowsMatmulImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, (RowsMatmulImpl<float, ffi::F32>),
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulT, RowsMatmulTImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulT, (RowsMatmulTImpl<float, ffi::F32>),
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ80T, RowsQ80TImpl,
@@ -497,4 +525,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ80T, RowsQ80TImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ41T, RowsQ41TImpl,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F16>>().Arg<ffi::Buffer<ffi::F16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16, (RowsMatmulImpl<Bf16, ffi::BF16>),
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16T, (RowsMatmulTImpl<Bf16, ffi::BF16>),
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
