@@ -1,4 +1,5 @@
-// Few-row matrix products for XLA:CPU that stream the weights once.
+// Few-row matrix products for XLA:CPU that stream the weights once. Weights in float32, in bfloat16 or in GGUF blocks
+// (Q8_0, Q4_1; the dot form only), widened to float32 in registers; activations and sums are float32.
 //
 // A verify multiplies T = K+1 <= ~9 rows by every weight matrix. XLA:CPU sends such a product through a GEMM that
 // packs the whole weight matrix first, and its one-row product is a matrix-vector loop; either way the weights come
@@ -303,7 +304,7 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::Result
   return ffi::Error::Success();
 }
 
-// ---- y[M, N] = x[M, K] @ w[N, K]^T, the weights in GGUF blocks of 32 along K (Q8_0, Q4_1) as the file stores them ----
+// ---- y[M, N] = x[M, K] @ w[N, K]^T, weights in GGUF blocks of 32 along K (Q8_0, Q4_1) as the file stores them ----
 //
 // The dot form above with each weight vector widened in registers instead of loaded: a block's kW-wide chunk is
 // converted to float and scaled exactly as gguf's dequantize does (Q8_0: d * q; Q4_1: fl(d * q) + m, where d * q is
@@ -384,7 +385,9 @@ struct Blocks {
 struct Q80 {  // q: int8 values
   static constexpr int kQBytes = kQK;
   static constexpr bool kMin = false;
-  static vf Chunk(const uint8_t* p, int c, vf d, vf) { return WidenS8(reinterpret_cast<const int8_t*>(p) + c * kW) * d; }
+  static vf Chunk(const uint8_t* p, int c, vf d, vf) {
+    return WidenS8(reinterpret_cast<const int8_t*>(p) + c * kW) * d;
+  }
 };
 
 struct Q41 {  // q: byte j of a block holds element j in its low nibble, element j + 16 in its high nibble
@@ -464,7 +467,8 @@ inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64
 }
 
 template <int M, typename B>
-void BlockDotRows(B /* kind */, const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+void BlockDotRows(B /* kind */, const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n0,
+                  int64_t n1) {
   constexpr int NR = DotRowsPerBlock<M>();
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) BlockDot<M, NR, B>(X, w, Y, K, N, n);
