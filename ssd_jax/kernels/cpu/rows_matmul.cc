@@ -414,9 +414,15 @@ constexpr int kScaleGroup = 16;  // blocks whose scales are widened at once
 // a in every lane as it is: one broadcast (Splat's vf{} + a costs a scalar add first, and turns a -0 scale into +0,
 // where gguf's d * q keeps the sign of zero).
 inline vf Bcast(float a) {
+#if SSD_VW == 16
+  return reinterpret_cast<vf>(_mm512_set1_ps(a));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vf>(_mm256_set1_ps(a));
+#else
   vf v;
   for (int i = 0; i < kW; ++i) v[i] = a;
   return v;
+#endif
 }
 
 template <int M, int NR, typename B>
