@@ -61,7 +61,8 @@ def parse_args(argv=None):
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--quantize", default="full", choices=["full", "int8"], help="int8: weight-only int8 target")
+  p.add_argument("--quantize", default="full", choices=["full", "int8", "gguf"],
+                 help="target weights: int8 (weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
   p.add_argument("--attention", default="auto",
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
   p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
@@ -430,30 +431,39 @@ def calibrate(args, modes) -> int:
 
 
 def print_verify_cost(args) -> int:
-  """--verify-cost: prints (and writes to --json-out) the verify step's cost by the number of new tokens, with the
-  CPU, the weight bytes each forward reads, the bandwidth that achieves and (--bandwidth) one core's streaming
-  bandwidth, so a reader sees the distance to the limit."""
-  import jax
-  from ssd_jax import api
-  pipe = api.load_tiny(seed=args.seed) if args.tiny else api.load(args.target, draft=None, attn_impl=args.attention)
-  table = verify_cost_table(pipe)
-  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(pipe.target.params))
+  """--verify-cost: prints (and writes to --json-out) the verify step's cost by the number of new tokens, per weight
+  format (float32, and --quantize's when it is another: the same forward at the bytes of each format), with the CPU,
+  the weight bytes each forward reads, the bandwidth that achieves and (--bandwidth) one core's streaming bandwidth,
+  so a reader sees the distance to the limit."""
+  from ssd_jax import api, blocks
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  print(f"CPU: {cpu_model()} ({cores} usable cores); weights read per forward: {weight_bytes / 1e6:.0f} MB")
-  print("| new tokens T (verify K = T-1) | ms | cost / AR step | weights GB/s |\n|---|---|---|---|")
-  for t, ms in table.items():
-    print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x | {weight_bytes / ms / 1e6:.1f} |")
+  print(f"CPU: {cpu_model()} ({cores} usable cores)")
+  formats = ["full"] + ([args.quantize] if args.quantize != "full" and not args.tiny else [])
+  result = {"cpu": cpu_model(), "cores": cores, "formats": {}}
+  for fmt in formats:
+    pipe = (api.load_tiny(seed=args.seed) if args.tiny else
+            api.load(args.target, draft=None, attn_impl=args.attention, dtype=args.dtype, weights=fmt))
+    table = verify_cost_table(pipe)
+    weight_bytes = blocks.nbytes(pipe.target.params)
+    print(f"\nweights {fmt} (dtype {args.dtype}): {weight_bytes / 1e6:.0f} MB read per forward")
+    print("| new tokens T (verify K = T-1) | ms | cost / AR step | weights GB/s |\n|---|---|---|---|")
+    for t, ms in table.items():
+      print(f"| {t} | {ms:.1f} | {ms / table[1]:.2f}x | {weight_bytes / ms / 1e6:.1f} |")
+    result["formats"][fmt] = {"verify_cost_ms": table, "weight_bytes": weight_bytes,
+                              "weights_gbs": {t: weight_bytes / ms / 1e6 for t, ms in table.items()}}
+    del pipe
   bw = single_core_bandwidth_gbs() if args.bandwidth and not args.tiny else None
   if bw is not None:
-    print(f"single-core streaming bandwidth: {bw:.1f} GB/s => one core reads the weights in at best "
-          f"{weight_bytes / bw / 1e6:.1f} ms")
-  peer = llamacpp_forwards(args) if args.peer == "llamacpp" else None
+    for fmt, r in result["formats"].items():
+      print(f"single-core streaming bandwidth: {bw:.1f} GB/s => one core reads the {fmt} weights in at best "
+            f"{r['weight_bytes'] / bw / 1e6:.1f} ms")
+  result["single_core_stream_gbs"] = bw
+  result["llamacpp"] = llamacpp_forwards(args) if args.peer == "llamacpp" else None
   if args.json_out:
     with open(args.json_out, "w") as f:
-      json.dump({"verify_cost_ms": table, "cpu": cpu_model(), "cores": cores, "weight_bytes": weight_bytes,
-                 "weights_gbs": {t: weight_bytes / ms / 1e6 for t, ms in table.items()},
-                 "single_core_stream_gbs": bw, "llamacpp": peer}, f, indent=1)
+      json.dump(result, f, indent=1)
   return 0
+
 
 def llamacpp_forwards(args, prefix: int = 300) -> dict:
   """--verify-cost --peer llamacpp: prints and returns llama-bench's forward of T = 1, 2, 3, 5, 9 tokens after a

@@ -30,6 +30,7 @@ from .tokenizer import TextTokenizer
 
 MODES = defaults.MODES
 SSD_PLACEMENTS = defaults.SSD_PLACEMENTS  # 'auto': by where it runs (defaults.auto_ssd_placement)
+WEIGHTS = quant.WEIGHT_FORMATS + ("gguf",)  # gguf: the GGUF target's own blocks (blocks.py)
 
 
 @dataclasses.dataclass
@@ -266,15 +267,18 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   kv_dtype: the target's KV cache dtype: 'auto' (the default) follows the params (int8 weights: the embedding's
   dtype), or 'float32', 'bfloat16', 'float16' (a 16-bit cache halves its bytes; float32 params with a 16-bit cache
   run the reference attention, the CPU kernel taking float32 only). The draft's cache is float32 whatever is set.
-  weights: 'full' (as loaded) or 'int8' (the target's layer matrices weight-only int8 per output channel:
-  ssd_jax/quant.py; the draft, small and latency-bound, keeps its dtype).
+  weights: 'full' (as loaded), 'int8' (the target's layer matrices weight-only int8 per output channel:
+  ssd_jax/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from the
+  file: ssd_jax/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its format.
   """
   if ssd_placement not in SSD_PLACEMENTS:
     raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
-  if weights not in quant.WEIGHT_FORMATS:
-    raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(quant.WEIGHT_FORMATS)}")
+  if weights not in WEIGHTS:
+    raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
   if kv_dtype not in KV_DTYPES:
     raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+  if weights == "gguf" and target_devices != 1:
+    raise ValueError("weights='gguf' runs the target on one device; use target_devices=1")
   placement = make_placement(target_devices, draft_devices)
   path = draft_dir(draft)
   if path is None and draft_head_vocab is not None:
@@ -285,8 +289,11 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
       drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(checkpoints.resolve_model_dir(target)), path)
     elif draft_head_vocab is not None:
       raise ValueError("draft_head_vocab cuts a standalone draft's head; an EAGLE draft comes with its own")
-  tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
-  tparams = quant.quantize_params(tparams, weights)
+  if weights == "gguf":
+    tcfg, tparams, tok = checkpoints.load_model(target, dtype, keep_blocks=True)
+  else:
+    tcfg, tparams, tok = checkpoints.load_model(target, dtype, mesh=placement.target_mesh)
+    tparams = quant.quantize_params(tparams, weights)
   if tok is None:
     raise checkpoints.CheckpointError(f"target {target!r} has no tokenizer (tokenizer.json)")
   d = None

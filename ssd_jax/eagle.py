@@ -161,7 +161,9 @@ def attach_target(params: dict, target_params: dict) -> dict:
   """Returns draft params with the target's parts attached: its token embedding [V, d] and the draft's head
   [V_out, d], the `head_ids` rows of the target's LM head (its embedding when tied, its lm_head [d, V] when not:
   Llama-3.1-70B and Qwen3-32B are untied)."""
+  from .blocks import dequantize, is_block
   embed, ids = target_params["embed"], jnp.asarray(params["head_ids"])
+  embed = dequantize(embed) if is_block(embed) else embed  # GGUF blocks: the draft reads float32 rows
   head = jnp.take(target_params["lm_head"], ids, axis=1).T if "lm_head" in target_params else jnp.take(embed, ids, 0)
   return dict(params, embed=embed, head=head)
 
@@ -221,10 +223,9 @@ def layer_outputs(params: dict, h_prev: jax.Array, attn_out: jax.Array, cfg: Eag
 
 def head_logits(params: dict, x: jax.Array, platform: str | None = None) -> jax.Array:
   """Returns logits [..., V_out] (float32) over the draft's head rows."""
-  from .model import _use_rows_kernel
-  from .kernels import rows_matmul
+  from .model import _rows, _use_rows_kernel
   if _use_rows_kernel(x, params["head"], platform):
-    return rows_matmul.rows_matmul(x, params["head"], transposed=True)
+    return _rows(x, params["head"], transposed=True)
   return jnp.einsum("...d,vd->...v", x, params["head"]).astype(jnp.float32)
 
 

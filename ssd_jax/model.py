@@ -30,7 +30,7 @@ from .config import ModelConfig, RopeScaling
 from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
 from .kernels.platform import kernel_platform
 from .kv_cache import KVCache
-from . import param_decls, quant
+from . import blocks, param_decls, quant
 
 
 # XLA:CPU sends a product with a few rows (2..~64) through a GEMM that packs the whole weight matrix first, costing
@@ -49,22 +49,42 @@ ROWS_KERNEL_MAX = 64
 def _use_rows_kernel(x: jax.Array, w: jax.Array, platform: str | None) -> bool:
   lead = x.shape[:-1]
   m = int(np.prod(lead)) if lead else 1
-  return (1 <= m <= ROWS_KERNEL_MAX and x.dtype == jnp.float32 and w.dtype == jnp.float32
-          and kernel_platform(platform) == "cpu" and rows_matmul.available())
+  dtypes = (x.dtype == jnp.float32 and w.dtype == jnp.float32
+            or w.dtype == jnp.bfloat16 and x.dtype in (jnp.float32, jnp.bfloat16))
+  return 1 <= m <= ROWS_KERNEL_MAX and dtypes and kernel_platform(platform) == "cpu" and rows_matmul.available()
+
+
+def _rows(x: jax.Array, w: jax.Array, transposed: bool = False) -> jax.Array:
+  """The few-row kernel's float32 product: bfloat16 weights widen in its registers (exactly), bfloat16 activations
+  before it (exactly); the sums are float32, as XLA's 16-bit product with a float32 accumulator has them."""
+  return rows_matmul.rows_matmul(x.astype(jnp.float32), w, transposed)
+
+
+def _use_block_kernel(x: jax.Array, platform: str | None) -> bool:
+  lead = x.shape[:-1]
+  m = int(np.prod(lead)) if lead else 1
+  return (1 <= m <= ROWS_KERNEL_MAX and x.dtype == jnp.float32 and kernel_platform(platform) == "cpu"
+          and rows_matmul.available())
 
 
 def dense(x: jax.Array, w, platform: str | None = None) -> jax.Array:
-  """Returns x @ w in x's dtype for x [..., K], w [K, N] (an array or an Int8Weight).
+  """Returns x @ w in x's dtype for x [..., K], w [K, N] (an array, an Int8Weight or GGUF blocks: blocks.py, whose
+  1..ROWS_KERNEL_MAX float32 rows on CPU take the block kernel, else dequantize then a float32 product).
 
-  1..ROWS_KERNEL_MAX float32 rows on CPU: the streaming kernel; float32 x float32 otherwise: XLA's product as before
-  (SmolLM2's numbers unchanged); any 16-bit operand: the product accumulates in float32 (preferred_element_type), as
-  a 16-bit accumulator would lose the low bits of long sums. platform: what the program is compiled for (None: the
+  1..ROWS_KERNEL_MAX rows on CPU with float32 weights and activations, or bfloat16 weights (activations float32 or
+  bfloat16): the streaming kernel, summing in float32; float32 x float32 otherwise: XLA's product as before (SmolLM2's
+  numbers unchanged); any other 16-bit operand: the product accumulates in float32 (preferred_element_type), as a
+  16-bit accumulator would lose the low bits of long sums. platform: what the program is compiled for (None: the
   default backend; see kernels/platform.py).
   """
   if isinstance(w, quant.Int8Weight):
     return quant.int8_dense(x, w)
+  if isinstance(w, blocks.BlockWeight):
+    if not w.transposed:
+      return (x.astype(jnp.float32) @ blocks.dequantize(w)).astype(x.dtype)
+    return blocks.dot_rows(x, w, _use_block_kernel(x, platform))
   if _use_rows_kernel(x, w, platform):
-    return rows_matmul.rows_matmul(x, w)
+    return _rows(x, w).astype(x.dtype)
   if x.dtype == jnp.float32 and w.dtype == jnp.float32:
     return x @ w
   return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
@@ -140,7 +160,8 @@ def check_params(params: dict, cfg: ModelConfig) -> None:
   """Raises ValueError with a readable message if `params` do not have the shapes `cfg` asks for."""
   expected = param_decls.abstract_params(cfg)
   exp_flat = {jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(expected)}
-  got_flat = {jax.tree_util.keystr(p): np.shape(v) for p, v in jax.tree_util.tree_leaves_with_path(params)}
+  got_flat = {jax.tree_util.keystr(p): v.shape if blocks.is_block(v) else np.shape(v)
+              for p, v in jax.tree_util.tree_leaves_with_path(params, is_leaf=blocks.is_block)}
   if set(exp_flat) != set(got_flat):
     raise ValueError(f"params keys differ from config {cfg.name!r}: missing {sorted(set(exp_flat) - set(got_flat))}, "
                      f"unexpected {sorted(set(got_flat) - set(exp_flat))}")
@@ -184,7 +205,7 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
   """
   if any(not 0 <= i < cfg.n_layers for i in feature_layers):
     raise ValueError(f"feature_layers {feature_layers} must lie in [0, {cfg.n_layers})")
-  x = params["embed"][embed_rows(params, tokens, cfg)]
+  x = embed_lookup(params["embed"], embed_rows(params, tokens, cfg))
   ks, vs, taken = [], [], {}
   for i, (lp, kc, vc) in enumerate(zip(params["layers"], cache.k, cache.v)):
     x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl, platform)
@@ -200,14 +221,18 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
 def lm_head(params, x, cfg: ModelConfig, platform: str | None = None):
   """Returns logits [..., V_out] (float32) from final hidden states."""
   if cfg.tie_embeddings:
+    if isinstance(params["embed"], blocks.BlockWeight):
+      return blocks.dot_rows(x, params["embed"], _use_block_kernel(x, platform)).astype(jnp.float32)
     if _use_rows_kernel(x, params["embed"], platform):
-      return rows_matmul.rows_matmul(x, params["embed"], transposed=True)
+      return _rows(x, params["embed"], transposed=True)
     if x.dtype == jnp.float32 and params["embed"].dtype == jnp.float32:
       return jnp.einsum("...d,vd->...v", x, params["embed"])
     return jnp.einsum("...d,vd->...v", x, params["embed"], preferred_element_type=jnp.float32)
   head = params["lm_head"]
   if x.dtype == jnp.float32 and head.dtype == jnp.float32:
     return dense(x, head, platform)
+  if _use_rows_kernel(x, head, platform):  # bfloat16 weights: the float32 sums as they come from the kernel
+    return _rows(x, head)
   # 16-bit: the logits keep the float32 accumulator (rounding them to 16 bits would make near-ties exact ties).
   return jnp.matmul(x, head, preferred_element_type=jnp.float32)
 
@@ -247,6 +272,11 @@ def forward_full(params, tokens, cfg: ModelConfig):
   cache = KVCache.init(cfg, b, t, params["embed"].dtype)
   logits, _ = forward_causal(params, tokens, cache, cfg)
   return logits
+
+
+def embed_lookup(embed, rows):
+  """Returns the embedding rows `rows` (an array's, or dequantized from GGUF blocks)."""
+  return blocks.embed_lookup(embed, rows) if isinstance(embed, blocks.BlockWeight) else embed[rows]
 
 
 def embed_rows(params, tokens, cfg: ModelConfig):

@@ -6,6 +6,7 @@ mean, and what we refuse to compute, is families.py's.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -35,14 +36,30 @@ def permute_qk(w_out_in: np.ndarray, n_heads: int) -> np.ndarray:
   return w_out_in.reshape(n_heads, 2, hd // 2, d).swapaxes(1, 2).reshape(out, d)
 
 
-def read_gguf(path: str, progress: bool = True):
-  """Returns (ModelConfig, params as numpy float32, metadata dict) for a GGUF file (llama, qwen2, qwen3).
+def read_gguf(path: str, progress: bool = True, keep_blocks: bool = False):
+  """Returns (ModelConfig, params as numpy, metadata dict) for a GGUF file (llama, qwen2, qwen3).
 
-  float32 even for F16/BF16 tensors: dequantize() widens every GGUF type; `load_model(..., dtype=)` narrows."""
+  Default: float32 even for F16/BF16 tensors (dequantize() widens every GGUF type; `load_model(..., dtype=)` narrows).
+  keep_blocks: matrices in Q8_0/Q4_1 stay in their blocks (blocks.BlockWeight) and F16/BF16 tensors in 16 bits;
+  other types are dequantized to float32."""
   from tqdm.auto import tqdm
 
-  r, cfg, meta, deq = _open_gguf(path)  # refuses what we do not compute before dequantizing
-  tensors = {t.name: deq(t) for t in tqdm(r.tensors, desc="dequantizing GGUF", disable=not progress, unit="tensor")}
+  from .blocks import KINDS, QK, from_gguf
+
+  r, cfg, meta, deq = _open_gguf(path)  # refuses what we do not compute before reading the weights
+  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
+
+  def kept(t):
+    kind = t.tensor_type.name
+    if kind in KINDS and len(shapes[t.name]) == 2 and shapes[t.name][1] % QK == 0:
+      return from_gguf(np.asarray(t.data), kind, transposed=False)
+    if kind in ("F16", "BF16"):
+      import ml_dtypes
+      dt = np.float16 if kind == "F16" else ml_dtypes.bfloat16
+      return np.asarray(t.data).view(dt).reshape(shapes[t.name])
+    return deq(t)
+  read = kept if keep_blocks else deq
+  tensors = {t.name: read(t) for t in tqdm(r.tensors, desc="reading GGUF", disable=not progress, unit="tensor")}
   return cfg, _gguf_params(tensors, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
 
 
@@ -79,10 +96,22 @@ def _open_gguf(path: str):
 
 def _gguf_params(tensors: dict, cfg, permuted_qk: bool) -> dict:
   """Returns our params from llama.cpp's tensors ([out, in] in numpy order). Only the `llama` converter permutes q/k
-  rows (for its interleaved RoPE); Qwen GGUFs keep Hugging Face's order."""
-  tr = lambda name: np.ascontiguousarray(tensors[name].T)  # noqa: E731
-  qk = lambda name, heads: np.ascontiguousarray(  # noqa: E731
-      (unpermute_qk(tensors[name], heads) if permuted_qk else tensors[name]).T)
+  rows (for its interleaved RoPE); Qwen GGUFs keep Hugging Face's order. A matrix in GGUF blocks stays in them (its
+  rows are our columns)."""
+  from .blocks import BlockWeight, take_rows
+
+  def tr(name):
+    w = tensors[name]
+    return dataclasses.replace(w, transposed=True) if isinstance(w, BlockWeight) else np.ascontiguousarray(w.T)
+
+  def qk(name, heads):
+    w = tensors[name]
+    if not permuted_qk:
+      return tr(name)
+    if isinstance(w, BlockWeight):  # whole output rows move
+      order = unpermute_qk(np.arange(w.rows_shape[0])[:, None], heads)[:, 0]
+      return dataclasses.replace(take_rows(w, order), transposed=True)
+    return np.ascontiguousarray(unpermute_qk(w, heads).T)
   layers = []
   for i in range(cfg.n_layers):
     b = f"blk.{i}."

@@ -145,7 +145,16 @@ class Placement:
 
   def put_param(self, x, spec: P):
     """Returns one param placed by `spec`; an int8 matrix's scales [N] are split like its output columns."""
+    from .blocks import BlockWeight
     from .quant import Int8Weight
+    if isinstance(x, BlockWeight):  # its arrays are in the file's row order (a layer matrix's [out, in]); the axis
+      s2 = (tuple(spec) + (None, None))[:2]  # along the blocks is split only where the blocks divide the mesh
+      rows, cols = s2[::-1] if x.transposed else s2
+      if cols is not None and x.d.shape[1] % self.target_mesh.shape[cols]:
+        cols = None
+      fs = NamedSharding(self.target_mesh, P(rows, cols))
+      return dataclasses.replace(x, qs=self.put(x.qs, fs), d=self.put(x.d, fs),
+                                 m=None if x.m is None else self.put(x.m, fs))
     if isinstance(x, Int8Weight):
       return Int8Weight(q=self.put(x.q, NamedSharding(self.target_mesh, spec)),
                         scale=self.put(x.scale, NamedSharding(self.target_mesh, P(spec[1] if len(spec) > 1 else None))))

@@ -305,14 +305,16 @@ def test_step_cost_counts_every_weight_matrix_and_times_a_step():
 def test_verify_cost_table_on_the_tiny_target(bench, tmp_path, capsys):
   out = tmp_path / "cost.json"
   assert bench.main(["--tiny", "--verify-cost", "--json-out", str(out)]) == 0
-  res = json.loads(out.read_text())
+  full = json.loads(out.read_text())
+  assert full["cpu"] and list(full["formats"]) == ["full"]  # per weight format; the tiny target has only float32
+  res = full["formats"]["full"]
   table = res["verify_cost_ms"]
   assert sorted(int(t) for t in table) == list(range(1, 10)) and all(ms > 0 for ms in table.values())
-  assert res["weight_bytes"] > 0 and res["cpu"]
+  assert res["weight_bytes"] > 0
   for t, ms in table.items():  # the achieved bandwidth is the weights read over the time taken
     assert res["weights_gbs"][t] == pytest.approx(res["weight_bytes"] / ms / 1e6)
   out = capsys.readouterr().out
-  assert "| 9 |" in out and "weights read per forward" in out
+  assert "| 9 |" in out and "MB read per forward" in out
 
 
 def _batch_sweep_result() -> dict:

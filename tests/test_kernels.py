@@ -39,6 +39,42 @@ ARCHES = [a for a in cpu_ffi.ARCH_FLAGS if cpu_ffi.runs_here(a)]
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bfloat16_weights_widen_exactly_and_rows_do_not_depend_on_row_count(arch, transposed):
+  """bfloat16 weights are widened in the kernel's registers: each row is bit for bit the float32 kernel's on the
+  widened weights, whatever the row count (1..17, 24, 29, 41, 64), on every instruction set's build; shapes off the
+  vector width take the tail paths."""
+  rng = np.random.default_rng(ARCHES.index(arch) + 10 * transposed)
+  call = rows_matmul.variant(arch)
+  counts = list(range(2, 18)) + [24, 29, 41, 64]
+  for k, n in [(576, 200), (37, 101)]:
+    x = jnp.asarray(rng.standard_normal((64, k), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal((n, k) if transposed else (k, n), dtype=np.float32)).astype(jnp.bfloat16)
+    alone, together, f32 = jax.jit(lambda x, w: (jax.lax.map(lambda xi: call(xi[None], w, transposed)[0], x),
+                                                 [call(x[:m], w, transposed) for m in counts],
+                                                 call(x, w.astype(jnp.float32), transposed)))(x, w)
+    np.testing.assert_array_equal(np.asarray(alone), np.asarray(f32), err_msg=f"{arch} {k}x{n}")
+    for m, got in zip(counts, together):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(alone)[:m], err_msg=f"{arch} {k}x{n}: {m} rows")
+
+
+@pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
+def test_dense_sends_bfloat16_weights_through_the_kernel():
+  from ssd_jax import model
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.standard_normal((64, 96), dtype=np.float32)).astype(jnp.bfloat16)
+  for xdt in (jnp.float32, jnp.bfloat16):
+    x = jnp.asarray(rng.standard_normal((3, 64), dtype=np.float32)).astype(xdt)
+    assert "ssd_rows_matmul_bf16" in jax.jit(model.dense).lower(x, w).as_text()
+    got = model.dense(x, w)
+    assert got.dtype == xdt
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-2 if xdt == jnp.bfloat16 else 1e-5,
+                               atol=1e-2 if xdt == jnp.bfloat16 else 1e-4)
+
+
+@pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("k,n", [(576, 1536), (1536, 576), (37, 101), (16, 7)])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_rows_matmul_row_does_not_depend_on_row_count(arch, k, n, transposed):

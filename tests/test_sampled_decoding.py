@@ -111,6 +111,29 @@ def _check_law(tiny, mode, temperature, top_p, seed):
   assert_rows_follow_their_laws(res, [PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
 
 
+@pytest.fixture(scope="module")
+def tiny_blocks():
+  """A V=4 pair as test_sd's, with every matrix's input width a multiple of 32 (GGUF blocks run along it), the
+  target's layer matrices in Q4_1 blocks and its head in Q8_0; the host copy is the dequantized float32 model."""
+  from test_blocks import block_params, dequantized
+  from draft_heads import V4_HEAD
+  from test_sd import _perturbed
+  cfg = tiny_config(vocab_size=4, d_model=32, head_dim=8, ffn_dim=32, tie_embeddings=False)
+  fp = model.init_params(jax.random.key(11), cfg, scale=0.3)
+  dcfg, dp = restrict_head(cfg, _perturbed(fp, 0.3, 5), V4_HEAD)
+  tp = block_params(fp)
+  return cfg, tp, dcfg, dp, dequantized(tp)
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_sampled_decoding_with_block_weights_follows_the_numpy_law(tiny_blocks, mode):
+  """The law test above with the target in GGUF blocks (ssd_jax/blocks.py): its law is the dequantized model's. SD
+  and SSD (their verify takes the block weights through several rows; AR's sampling is theirs)."""
+  cfg, tp, dcfg, dp, host = tiny_blocks
+  res = _decode(mode, cfg, tp, dcfg, dp, 1.0, 1.0, 2000 + ["sd", "ssd"].index(mode), n_new=4)
+  assert_rows_follow_their_laws(res, [PROMPT], host, cfg, 1.0, 1.0)
+
+
 RAGGED = ([1, 2, 0], [3, 0, 2, 2, 1, 3, 0])
 
 

@@ -65,6 +65,22 @@ def test_params_and_cache_carry_the_intended_shardings(pair):
   assert pl.draft_device.id == 4
 
 
+def test_block_weights_are_placed_by_their_logical_axes():
+  """GGUF block weights (ssd_jax/blocks.py) keep the param axes of the matrix they replace: a layer matrix's arrays are
+  [out, in] rows, so wq's output columns split the rows; wo's input axis splits the blocks (2 of them over a mesh of
+  2). The decoded tokens equal the single-device ones."""
+  from test_blocks import block_params
+  cfg = tiny_config(vocab_size=64, d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn_dim=64)
+  bp = block_params(model.init_params(jax.random.key(3), cfg, scale=0.3))
+  sp = make_placement(2, 1).shard_target(bp, cfg)
+  lp = sp["layers"][0]
+  assert _spec(lp["wq"].qs) == P("tp", None) and _spec(lp["wq"].d) == P("tp", None)
+  assert _spec(lp["wo"].qs) == P(None, "tp") and _spec(lp["wo"].m) == P(None, "tp")
+  opts = DecodeOptions(max_new_tokens=6)
+  want = [r.token_ids for r in ARDecoder(cfg, bp).generate(PROMPTS, opts)]
+  assert [r.token_ids for r in ARDecoder(cfg, bp, placement=make_placement(2, 1)).generate(PROMPTS, opts)] == want
+
+
 def test_decoders_hold_their_arrays_where_intended(pair):
   cfg, tp, dp = pair
   pl = make_placement(4, 1)

@@ -1,4 +1,5 @@
-"""Few-row matrix products on XLA:CPU through a small C++ FFI kernel (ssd_jax/kernels/cpu/rows_matmul.cc).
+"""Few-row matrix products on XLA:CPU through a small C++ FFI kernel (ssd_jax/kernels/cpu/rows_matmul.cc): float32 or
+bfloat16 weights (`rows_matmul`), GGUF Q8_0/Q4_1 blocks (`blocks_matmul`, ssd_jax/blocks.py); float32 activations.
 
 The kernel is compiled on first use (cpu_ffi.py). Where that is impossible (no compiler, another platform)
 `available()` is False and callers use plain jnp products. `ref_rows_matmul` is the reference.
@@ -15,7 +16,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from . import cpu_ffi
 
 
-_TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT"}
+_TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT",
+            "ssd_rows_q8_0_t": "SsdRowsQ80T", "ssd_rows_q4_1_t": "SsdRowsQ41T",
+            "ssd_rows_matmul_bf16": "SsdRowsMatmulBf16", "ssd_rows_matmul_bf16_t": "SsdRowsMatmulBf16T"}
 
 
 def available() -> bool:
@@ -31,7 +34,7 @@ def ref_rows_matmul(x, w, transposed: bool = False):
 def _ffi_local(x, w, transposed: bool, targets: dict[str, str] | None = None):
   n = w.shape[0] if transposed else w.shape[1]
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
-  name = "ssd_rows_matmul_t" if transposed else "ssd_rows_matmul"
+  name = ("ssd_rows_matmul_bf16" if w.dtype == jnp.bfloat16 else "ssd_rows_matmul") + ("_t" if transposed else "")
   return jax.ffi.ffi_call((targets or {}).get(name, name), out)(x, w)
 
 
@@ -98,11 +101,13 @@ _rows.defvjp(_rows_fwd, _rows_bwd)
 
 
 def rows_matmul(x, w, transposed: bool = False):
-  """Returns x @ w (or x @ w.T) through the CPU kernel; float32 only. Builds the kernel on first use; raises a
-  RuntimeError where it cannot (`available()` says so beforehand; `ref_rows_matmul` is the portable product)."""
+  """Returns x @ w (or x @ w.T) through the CPU kernel, in float32: float32 x, float32 or bfloat16 w (widened in
+  registers, exactly). Builds the kernel on first use; raises a RuntimeError where it cannot (`available()` says so
+  beforehand; `ref_rows_matmul` is the portable product)."""
   cpu_ffi.require("rows_matmul", _TARGETS, "ref_rows_matmul")
-  if x.dtype != jnp.float32 or w.dtype != jnp.float32:
-    raise TypeError(f"rows_matmul takes float32 operands, got {x.dtype} and {w.dtype}; use ref_rows_matmul")
+  if x.dtype != jnp.float32 or w.dtype not in (jnp.float32, jnp.bfloat16):
+    raise TypeError(f"rows_matmul takes float32 x and float32 or bfloat16 w, got {x.dtype} and {w.dtype}; "
+                    "use ref_rows_matmul")
   if w.ndim != 2 or x.shape[-1] != w.shape[1 if transposed else 0]:
     raise ValueError(f"rows_matmul: x {x.shape} does not match w {w.shape} (transposed={transposed})")
   return _rows(x, w, transposed)
@@ -113,3 +118,29 @@ def variant(arch: str):
   device and without a gradient: tests check another instruction set's code path on this machine with it."""
   targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
   return lambda x, w, transposed=False: _ffi_local(x, w, transposed, targets)
+
+
+def _blocks_local(x, w, targets: dict[str, str] | None = None):
+  """x [..., C] @ dequantize_rows(w)^T [C, R] through the block kernel (w a blocks.BlockWeight)."""
+  name = "ssd_rows_q8_0_t" if w.kind == "Q8_0" else "ssd_rows_q4_1_t"
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (w.rows_shape[0],), jnp.float32)
+  args = (w.qs, w.d) if w.m is None else (w.qs, w.d, w.m)
+  return jax.ffi.ffi_call((targets or {}).get(name, name), out)(x, *args)
+
+
+def blocks_matmul(x, w):
+  """Returns x @ W^T for GGUF block weights w (blocks.BlockWeight, W [R, C] its rows) and float32 x [..., C], through
+  the CPU kernel, on one device and without a gradient (the weights are frozen). Raises like rows_matmul where the
+  kernel is not available."""
+  cpu_ffi.require("rows_matmul", _TARGETS, "blocks.dot_rows(..., use_kernel=False)")
+  if x.dtype != jnp.float32:
+    raise TypeError(f"blocks_matmul takes float32 activations, got {x.dtype}")
+  if x.shape[-1] != w.rows_shape[1]:
+    raise ValueError(f"blocks_matmul: x {x.shape} does not match blocks of rows {w.rows_shape}")
+  return _blocks_local(x, w)
+
+
+def blocks_variant(arch: str):
+  """Returns blocks_matmul(x, w) through the kernel built for `arch` (as `variant`; for tests)."""
+  targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
+  return lambda x, w: _blocks_local(x, w, targets)

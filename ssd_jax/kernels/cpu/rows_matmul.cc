@@ -1,4 +1,5 @@
-// Few-row matrix products for XLA:CPU that stream the weights once.
+// Few-row matrix products for XLA:CPU that stream the weights once. Weights in float32, in bfloat16 or in GGUF blocks
+// (Q8_0, Q4_1; the dot form only), widened to float32 in registers; activations and sums are float32.
 //
 // A verify multiplies T = K+1 <= ~9 rows by every weight matrix. XLA:CPU sends such a product through a GEMM that
 // packs the whole weight matrix first, and its one-row product is a matrix-vector loop; either way the weights come
@@ -59,6 +60,32 @@ constexpr int64_t kPrefetchPanels = 1;
 constexpr int64_t kDotPrefetchBlocks = 2;
 constexpr int kSpareRegs = 5;
 
+// Weights are float32 or bfloat16 (Bf16: its bits); a bfloat16 weight widens to float exactly (its bits shifted up).
+struct Bf16 {
+  uint16_t bits;
+};
+inline float ToF(float w) { return w; }
+inline float ToF(Bf16 w) {
+  const uint32_t u = static_cast<uint32_t>(w.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline vf LoadW(const float* p) { return Load(p); }
+inline vf LoadW(const Bf16* p) {
+#if SSD_VW == 16
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return reinterpret_cast<vf>(_mm512_slli_epi32(v, 16));
+#elif defined(__AVX2__)
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return reinterpret_cast<vf>(_mm256_slli_epi32(v, 16));
+#else
+  vf r;
+  for (int i = 0; i < kW; ++i) r[i] = ToF(p[i]);
+  return r;
+#endif
+}
+
 // Vectors per column block for M rows: as wide as the registers allow (M * NB accumulators, NB weight vectors and
 // a broadcast).
 template <int M>
@@ -68,8 +95,8 @@ constexpr int ColVecs() {
 }
 
 // Columns [n, n + NB * kW) of y for weight rows [k0, k1).
-template <int M, int NB>
-inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
+template <int M, int NB, typename T>
+inline void PanelBlock(const float* X, const T* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
                        int64_t n, bool first) {
   // The same columns kPrefetchPanels panels on, into L2, one row per k step (spread out, so the prefetches never
   // queue up behind each other): a panel's rows are short streams that the hardware prefetchers barely ramp up on,
@@ -79,9 +106,9 @@ inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int6
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = vf{};
   for (int64_t k = k0; k < k1; ++k) {
-    const float* wr = W + k * N + n;
+    const T* wr = W + k * N + n;
     vf w[NB];
-    for (int j = 0; j < NB; ++j) w[j] = Load(wr + j * kW);
+    for (int j = 0; j < NB; ++j) w[j] = LoadW(wr + j * kW);
     if (k + pd < K)
       for (int j = 0; j < NB * kW; j += 16) __builtin_prefetch(wr + pd * N + j, 0, 2);
     for (int m = 0; m < M; ++m) {
@@ -97,28 +124,28 @@ inline void PanelBlock(const float* X, const float* W, float* Y, int64_t K, int6
 }
 
 // Columns [n, n1) (fewer than a vector): the same sums, one column at a time.
-template <int M>
-inline void PanelTail(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
+template <int M, typename T>
+inline void PanelTail(const float* X, const T* W, float* Y, int64_t K, int64_t N, int64_t k0, int64_t k1,
                       int64_t n, int64_t n1, bool first) {
   for (; n < n1; ++n)
     for (int m = 0; m < M; ++m) {
       float s = 0.f;
-      for (int64_t k = k0; k < k1; ++k) s = Fma(X[m * K + k], W[k * N + n], s);
+      for (int64_t k = k0; k < k1; ++k) s = Fma(X[m * K + k], ToF(W[k * N + n]), s);
       Y[m * N + n] = first ? s : Y[m * N + n] + s;
     }
 }
 
 // y columns [n0, n1) (n0 a multiple of kW; n1 one too, or N).
-template <int M>
-void AxpyRows(const float* X, const float* W, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <int M, typename T>
+void AxpyRows(const float* X, const T* W, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
   constexpr int NB = ColVecs<M>();
   for (int64_t k0 = 0; k0 < K; k0 += kPanel) {
     const int64_t k1 = k0 + kPanel < K ? k0 + kPanel : K;
     const bool first = k0 == 0;
     int64_t n = n0;
-    for (; n + NB * kW <= n1; n += NB * kW) PanelBlock<M, NB>(X, W, Y, K, N, k0, k1, n, first);
-    for (; n + kW <= n1; n += kW) PanelBlock<M, 1>(X, W, Y, K, N, k0, k1, n, first);
-    PanelTail<M>(X, W, Y, K, N, k0, k1, n, n1, first);
+    for (; n + NB * kW <= n1; n += NB * kW) PanelBlock<M, NB, T>(X, W, Y, K, N, k0, k1, n, first);
+    for (; n + kW <= n1; n += kW) PanelBlock<M, 1, T>(X, W, Y, K, N, k0, k1, n, first);
+    PanelTail<M, T>(X, W, Y, K, N, k0, k1, n, n1, first);
   }
 }
 
@@ -132,15 +159,15 @@ constexpr int DotRowsPerBlock() {
   return nr < 1 ? 1 : (nr > 6 ? 6 : nr);
 }
 
-template <int M, int NR>
-inline void DotBlock(const float* X, const float* E, float* Y, int64_t K, int64_t N, int64_t n) {
+template <int M, int NR, typename T>
+inline void DotBlock(const float* X, const T* E, float* Y, int64_t K, int64_t N, int64_t n) {
   const int64_t kv = K - K % kW;
   vf acc[M][NR];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) acc[m][r] = vf{};
   for (int64_t k = 0; k < kv; k += kW) {
     vf e[NR];
-    for (int r = 0; r < NR; ++r) e[r] = Load(E + (n + r) * K + k);
+    for (int r = 0; r < NR; ++r) e[r] = LoadW(E + (n + r) * K + k);
     // Rows two blocks on, into L2: with many rows the arithmetic per weight byte outruns the hardware prefetcher.
     if (n + (kDotPrefetchBlocks + 1) * NR <= N)
       for (int r = 0; r < NR; ++r) __builtin_prefetch(E + (n + kDotPrefetchBlocks * NR + r) * K + k, 0, 2);
@@ -152,18 +179,18 @@ inline void DotBlock(const float* X, const float* E, float* Y, int64_t K, int64_
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < NR; ++r) {
       float s = HSum(acc[m][r]), t = 0.f;
-      for (int64_t k = kv; k < K; ++k) t = Fma(X[m * K + k], E[(n + r) * K + k], t);
+      for (int64_t k = kv; k < K; ++k) t = Fma(X[m * K + k], ToF(E[(n + r) * K + k]), t);
       Y[m * N + n + r] = s + t;
     }
 }
 
 // y columns [n0, n1).
-template <int M>
-void DotRows(const float* X, const float* E, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <int M, typename T>
+void DotRows(const float* X, const T* E, float* Y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
   constexpr int NR = DotRowsPerBlock<M>();
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) DotBlock<M, NR>(X, E, Y, K, N, n);
-  for (; n < n1; ++n) DotBlock<M, 1>(X, E, Y, K, N, n);
+  for (; n + NR <= n1; n += NR) DotBlock<M, NR, T>(X, E, Y, K, N, n);
+  for (; n < n1; ++n) DotBlock<M, 1, T>(X, E, Y, K, N, n);
 }
 
 #define SSD_ROWS_CASES(rows, fn, ...)                 \
@@ -229,20 +256,21 @@ int ThreadsFor(int64_t n) {
   return t < 1 ? 1 : (t < avail ? static_cast<int>(t) : avail);
 }
 
-ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> e, ffi::ResultBuffer<ffi::F32> y) {
+template <typename T, ffi::DataType D>
+ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> e, ffi::ResultBuffer<ffi::F32> y) {
   auto ed = e.dimensions();
   if (ed.size() != 2) return ffi::Error::InvalidArgument("weights must be 2-D");
   const int64_t N = ed[0], K = ed[1], M = Rows(x);
   if (M < 1) return ffi::Error::Success();
   const float* X = x.typed_data();
-  const float* E = e.typed_data();
+  const T* E = reinterpret_cast<const T*>(e.untyped_data());
   float* Y = y->typed_data();
   const int threads = ThreadsFor(N);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     int64_t n0, n1;
     Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (4 * std::max<int64_t>(K, 1)));
+    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (sizeof(T) * std::max<int64_t>(K, 1)));
     Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       SSD_ROWS_CASES(r1 - r0, DotRows, X + r0 * K, E, Y + r0 * N, K, N, c0, c1)
     });
@@ -250,13 +278,14 @@ ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> e, ffi
   return ffi::Error::Success();
 }
 
-ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> y) {
+template <typename T, ffi::DataType D>
+ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
   if (wd.size() != 2) return ffi::Error::InvalidArgument("weights must be 2-D");
   const int64_t K = wd[0], N = wd[1], M = Rows(x);
   if (M < 1) return ffi::Error::Success();
   const float* X = x.typed_data();
-  const float* W = w.typed_data();
+  const T* W = reinterpret_cast<const T*>(w.untyped_data());
   float* Y = y->typed_data();
   if (K == 0) {
     std::memset(Y, 0, sizeof(float) * M * N);
@@ -267,7 +296,7 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
   {
     int64_t n0, n1;
     Split(N, omp_get_num_threads(), omp_get_thread_num(), kW, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (4 * K * kW)) * kW;
+    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(sizeof(T)) * K * kW)) * kW;
     Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
       SSD_ROWS_CASES(r1 - r0, AxpyRows, X + r0 * K, W, Y + r0 * N, K, N, c0, c1)
     });
@@ -275,11 +304,241 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi:
   return ffi::Error::Success();
 }
 
+// ---- y[M, N] = x[M, K] @ w[N, K]^T, weights in GGUF blocks of 32 along K (Q8_0, Q4_1) as the file stores them ----
+//
+// The dot form above with each weight vector widened in registers instead of loaded: a block's kW-wide chunk is
+// converted to float and scaled exactly as gguf's dequantize does (Q8_0: d * q; Q4_1: fl(d * q) + m, where d * q is
+// exact in float32: an 11-bit half times an 8- or 4-bit integer), then accumulated by the same Fma()s, the same
+// reduction tree. So a row's result equals the float32 dot form on the dequantized weights, bit for bit, and does
+// not depend on the row count. Each weight byte is read once for all M rows.
+constexpr int kQK = 32;  // weights per block
+
+// kW int8 (or 4-bit: the low or high nibbles of kW bytes) values widened to float, exactly.
+inline vf WidenS8(const int8_t* p) {
+#if SSD_VW == 16
+  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(p)))));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+      reinterpret_cast<const __m128i*>(p)))));
+#else
+  vf r;
+  for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(p[i]);
+  return r;
+#endif
+}
+
+inline vf WidenNibbles(const uint8_t* p, bool high) {
+#if SSD_VW == 16 || defined(__AVX2__)
+  const __m128i* q = reinterpret_cast<const __m128i*>(p);
+  __m128i v = SSD_VW == 16 ? _mm_loadu_si128(q) : _mm_loadl_epi64(q);
+  if (high) v = _mm_srli_epi16(v, 4);
+  v = _mm_and_si128(v, _mm_set1_epi8(15));
+#if SSD_VW == 16
+  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
+#else
+  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+#endif
+#else
+  vf r;
+  for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(high ? p[i] >> 4 : p[i] & 15);
+  return r;
+#endif
+}
+
+// IEEE half to float (exact: every half is a float).
+inline float Half(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#endif
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
+    const float f = static_cast<float>(man) * 5.9604644775390625e-08f;
+    return sign ? -f : f;
+  }
+  const uint32_t bits = sign | (exp == 0x1f ? 0x7f800000u : (exp + 112) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// n <= 16 halves to floats (16 at once with F16C).
+inline void Halves(const uint16_t* h, int n, float* out) {
+#if defined(__F16C__)
+  if (n == 16) {
+    for (int i = 0; i < 16; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    return;
+  }
+#endif
+  for (int i = 0; i < n; ++i) out[i] = Half(h[i]);
+}
+
+// The blocks of a matrix [N, K]: per row K/32 blocks of kQBytes value bytes, scales d and (Q4_1) mins m [N, K/32].
+struct Blocks {
+  const uint8_t* q;
+  const uint16_t* d;
+  const uint16_t* m;
+  int64_t K;
+};
+
+struct Q80 {  // q: int8 values
+  static constexpr int kQBytes = kQK;
+  static constexpr bool kMin = false;
+  static vf Chunk(const uint8_t* p, int c, vf d, vf) {
+    return WidenS8(reinterpret_cast<const int8_t*>(p) + c * kW) * d;
+  }
+};
+
+struct Q41 {  // q: byte j of a block holds element j in its low nibble, element j + 16 in its high nibble
+  static constexpr int kQBytes = kQK / 2;
+  static constexpr bool kMin = true;
+  // fl(d * q + m) fused or not is the same number: d * q is exact in float32, so the one rounding is the add's.
+  // With 16 lanes the block's 16 possible weights are one register: each nibble picks its weight (vpermps), which
+  // takes two vector operations fewer per chunk than widening the nibbles and scaling them.
+  static vf Chunk(const uint8_t* p, int c, vf d, vf m) {
+#if SSD_VW == 16
+    const vf table = Fma(vf{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, d, m);
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if (c == 1) v = _mm_srli_epi16(v, 4);
+    v = _mm_and_si128(v, _mm_set1_epi8(15));
+    return reinterpret_cast<vf>(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), reinterpret_cast<__m512>(table)));
+#else
+    return Fma(WidenNibbles(p + (c * kW) % kQBytes, c * kW >= kQBytes), d, m);
+#endif
+  }
+};
+
+constexpr int kScaleGroup = 16;  // blocks whose scales are widened at once
+
+// a in every lane as it is: one broadcast (Splat's vf{} + a costs a scalar add first, and turns a -0 scale into +0,
+// where gguf's d * q keeps the sign of zero).
+inline vf Bcast(float a) {
+#if SSD_VW == 16
+  return reinterpret_cast<vf>(_mm512_set1_ps(a));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vf>(_mm256_set1_ps(a));
+#else
+  vf v;
+  for (int i = 0; i < kW; ++i) v[i] = a;
+  return v;
+#endif
+}
+
+template <int M, int NR, typename B>
+inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n) {
+  const int64_t nb = K / kQK;
+  const uint8_t* qr[NR];
+  const uint8_t* ahead[NR];
+  const uint16_t* dr[NR];
+  const uint16_t* mr[NR];
+  const bool pref = n + (kDotPrefetchBlocks + 1) * NR <= N;
+  for (int r = 0; r < NR; ++r) {
+    qr[r] = w.q + (n + r) * nb * B::kQBytes;
+    ahead[r] = pref ? w.q + (n + kDotPrefetchBlocks * NR + r) * nb * B::kQBytes : nullptr;
+    dr[r] = w.d + (n + r) * nb;
+    mr[r] = B::kMin ? w.m + (n + r) * nb : nullptr;
+  }
+  vf acc[M][NR];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < NR; ++r) acc[m][r] = vf{};
+  float sd[NR][kScaleGroup], sm[NR][kScaleGroup];
+  for (int64_t g = 0; g < nb; g += kScaleGroup) {
+    const int gn = nb - g < kScaleGroup ? static_cast<int>(nb - g) : kScaleGroup;
+    for (int r = 0; r < NR; ++r) {
+      Halves(dr[r] + g, gn, sd[r]);
+      if (B::kMin) Halves(mr[r] + g, gn, sm[r]);
+    }
+    for (int j = 0; j < gn; ++j) {
+      const int64_t b = g + j;
+      if (pref && (b * B::kQBytes) % 64 == 0)
+        for (int r = 0; r < NR; ++r) __builtin_prefetch(ahead[r] + b * B::kQBytes, 0, 2);
+      for (int c = 0; c < kQK / kW; ++c) {
+        const int64_t k = b * kQK + c * kW;
+        vf e[NR];
+        for (int r = 0; r < NR; ++r)
+          e[r] = B::Chunk(qr[r] + b * B::kQBytes, c, Bcast(sd[r][j]), B::kMin ? Bcast(sm[r][j]) : vf{});
+        for (int m = 0; m < M; ++m) {
+          const vf x = Load(X + m * K + k);
+          for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < NR; ++r) {
+      const float s = HSum(acc[m][r]), t = 0.f;  // t: the dot form's empty k tail, added the same way
+      Y[m * N + n + r] = s + t;
+    }
+}
+
+template <int M, typename B>
+void BlockDotRows(B /* kind */, const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n0,
+                  int64_t n1) {
+  constexpr int NR = DotRowsPerBlock<M>();
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) BlockDot<M, NR, B>(X, w, Y, K, N, n);
+  for (; n < n1; ++n) BlockDot<M, 1, B>(X, w, Y, K, N, n);
+}
+
+template <typename B>
+ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const Blocks& w, int64_t N, ffi::ResultBuffer<ffi::F32>& y,
+                   int64_t row_bytes) {
+  const int64_t K = w.K, M = Rows(x);
+  if (K % kQK != 0 || x.dimensions().back() != K)
+    return ffi::Error::InvalidArgument("blocks: x must have K columns, K a multiple of 32");
+  if (M < 1) return ffi::Error::Success();
+  const float* X = x.typed_data();
+  float* Y = y->typed_data();
+  const int threads = ThreadsFor(N);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    int64_t n0, n1;
+    Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
+    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+    Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      SSD_ROWS_CASES(r1 - r0, BlockDotRows, B{}, X + r0 * K, w, Y + r0 * N, K, N, c0, c1)
+    });
+  }
+  return ffi::Error::Success();
+}
+
+const uint16_t* HalfData(ffi::Buffer<ffi::F16>& h) { return reinterpret_cast<const uint16_t*>(h.untyped_data()); }
+
+ffi::Error RowsQ80TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q, ffi::Buffer<ffi::F16> d,
+                        ffi::ResultBuffer<ffi::F32> y) {
+  auto qd = q.dimensions();
+  if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
+  const Blocks w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), nullptr, qd[1]};
+  return BlocksT<Q80>(x, w, qd[0], y, qd[1] + qd[1] / kQK * 2);
+}
+
+ffi::Error RowsQ41TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Buffer<ffi::F16> d,
+                        ffi::Buffer<ffi::F16> m, ffi::ResultBuffer<ffi::F32> y) {
+  auto qd = q.dimensions();
+  if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
+  const Blocks w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), HalfData(m), 2 * qd[1]};
+  return BlocksT<Q41>(x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, RowsMatmulImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, (RowsMatmulImpl<float, ffi::F32>),
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulT, RowsMatmulTImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulT, (RowsMatmulTImpl<float, ffi::F32>),
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ80T, RowsQ80TImpl,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F16>>().Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ41T, RowsQ41TImpl,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F16>>().Arg<ffi::Buffer<ffi::F16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16, (RowsMatmulImpl<Bf16, ffi::BF16>),
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16T, (RowsMatmulTImpl<Bf16, ffi::BF16>),
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
