@@ -61,8 +61,9 @@ def parse_args(argv=None):
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
   p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--quantize", default="full", choices=["full", "int8", "gguf"],
-                 help="target weights: int8 (weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
+  p.add_argument("--quantize", default="auto", choices=["auto", "full", "int8", "gguf"],
+                 help="target weights: auto (gguf for a GGUF target on one CPU device, else full), full, int8 "
+                 "(weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
   p.add_argument("--attention", default="auto",
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
   p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
@@ -438,7 +439,8 @@ def print_verify_cost(args) -> int:
   from ssd_jax import api, blocks
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   print(f"CPU: {cpu_model()} ({cores} usable cores)")
-  formats = ["full"] + ([args.quantize] if args.quantize != "full" and not args.tiny else [])
+  quantize = api.resolve_weights(args.quantize, args.target, args.target_devices)
+  formats = ["full"] + ([quantize] if quantize != "full" and not args.tiny else [])
   result = {"cpu": cpu_model(), "cores": cores, "formats": {}}
   for fmt in formats:
     pipe = (api.load_tiny(seed=args.seed) if args.tiny else

@@ -83,9 +83,10 @@ def make_parser() -> argparse.ArgumentParser:
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
   p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                  help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
-  p.add_argument("--quantize", default="full", choices=["full", "int8", "gguf"],
-                 help="int8: the target's matrices weight-only int8 per output channel (opt-in); gguf: a GGUF "
-                 "target's own Q8_0/Q4_1 blocks, read from the file")
+  p.add_argument("--quantize", default="auto", choices=["auto", "full", "int8", "gguf"],
+                 help="auto: gguf for a GGUF target (the default one included) on one CPU device, else full; int8: "
+                 "the target's matrices weight-only int8 per output channel; gguf: a GGUF target's own Q8_0/Q4_1 "
+                 "blocks, read from the file")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)

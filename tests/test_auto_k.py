@@ -48,6 +48,8 @@ def test_costs_between_and_past_measured_batches():
 
 def test_builtin_choice_without_measurements():
   assert [auto_k.choose_k(None, b, 0.5) for b in (1, 2, 3, 4, 5, 8, 16)] == [2, 2, 1, 1, 0, 0, 0]
+  # A target in GGUF blocks: its verify is too dear for speculation to pay without measurements.
+  assert [auto_k.choose_k(None, b, 0.9, builtin=auto_k.BUILTIN_K_BLOCKS) for b in (1, 2, 4)] == [0, 0, 0]
   with pytest.raises(ValueError, match="batch"):
     auto_k.choose_k(None, 0, 0.5)
 
@@ -87,3 +89,5 @@ def test_pipeline_runs_the_chosen_k_per_batch(tmp_path, monkeypatch):
     f.write(costs(0.05, 0.02, batches=(1, 8)).to_json())
   assert pipe.choose_k(6) >= 1
   assert run(6) == [("sd", pipe.choose_k(6))] * 6
+  pipe.weights = "gguf"  # another weight format: its own costs (none measured) and its own built-in table
+  assert pipe.step_costs_path() != path and pipe.choose_k(1) == 0

@@ -201,3 +201,13 @@ def test_greedy_sd_and_ssd_equal_ar_with_gguf_weights(gguf_pair):
   assert [r.token_ids for r in got] == want
   got = SSDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=3, fan_out=2)).generate(prompts, opts)
   assert [r.token_ids for r in got] == want
+
+
+def test_auto_weights_take_a_gguf_targets_blocks_on_one_cpu_device():
+  """weights='auto' (load's default) is the file's blocks for a GGUF target on one CPU device, float32 otherwise."""
+  from ssd_jax import api
+  assert api.resolve_weights("auto", "smollm2-135m-instruct") == "gguf"
+  assert api.resolve_weights("auto", "/models/x.Q4_1.gguf") == "gguf"
+  assert api.resolve_weights("auto", "smollm2-135m-instruct", target_devices=2) == "full"
+  assert api.resolve_weights("auto", "/models/llama-hf-dir") == "full"
+  assert api.resolve_weights("int8", "smollm2-135m-instruct") == "int8"

@@ -27,6 +27,9 @@ ROUND_OVERHEAD = 0.15
 # Without measurements: K=2 where it measured 1.34x AR (batch 1), K=1 up to 4 rows, AR above (SD K=2 measured 0.77x
 # AR at batch 4 and 0.56x at batch 8 before rows past 16 had the few-row kernel; issue 45).
 BUILTIN_K = {1: 2, 2: 2, 3: 1, 4: 1}
+# A GGUF target in its blocks (weights='gguf', the CPU's default for one): a 3-token verify costs 1.40x a step, and
+# SD at K=2 measured 0.94-1.01x AR at batch 1 (docs/benchmarks.md): without measurements, AR.
+BUILTIN_K_BLOCKS: dict = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +84,12 @@ def sd_speedup(costs: StepCosts, batch: int, k: int, a: float) -> float:
   return expected_tokens(a, k) * ar / round_ms
 
 
-def choose_k(costs: StepCosts | None, batch: int, a: float, k_max: int = K_MAX) -> int:
-  """Returns the K (0 = AR) with the most expected tokens a second at `batch` rows; BUILTIN_K without costs."""
+def choose_k(costs: StepCosts | None, batch: int, a: float, k_max: int = K_MAX, builtin: dict = BUILTIN_K) -> int:
+  """Returns the K (0 = AR) with the most expected tokens a second at `batch` rows; `builtin` without costs."""
   if batch < 1:
     raise ValueError(f"batch must be >= 1, got {batch}")
   if costs is None:
-    return min(BUILTIN_K.get(batch, 0), k_max)
+    return min(builtin.get(batch, 0), k_max)
   best, best_speedup = 0, MARGIN
   for k in range(1, k_max + 1):
     s = sd_speedup(costs, batch, k, a)
