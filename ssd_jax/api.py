@@ -302,7 +302,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   if path is not None:  # a draft of another vocabulary is refused before any weight is read
     dcfg, dtok = drafts.read_vocab(path)
     if getattr(dcfg, "kind", None) != "eagle":
-      drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(checkpoints.resolve_model_dir(target)), path)
+      # The SmolLM2 target in its blocks is read from its GGUF: its tokenizer too (no float32 conversion on first use).
+      tpath = (checkpoints.locate_smollm2_gguf() if weights == "gguf" and target in checkpoints.TARGET_NAMES
+               else checkpoints.resolve_model_dir(target))
+      drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(tpath), path)
     elif draft_head_vocab is not None:
       raise ValueError("draft_head_vocab cuts a standalone draft's head; an EAGLE draft comes with its own")
   if weights == "gguf":

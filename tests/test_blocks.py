@@ -211,3 +211,16 @@ def test_auto_weights_take_a_gguf_targets_blocks_on_one_cpu_device():
   assert api.resolve_weights("auto", "smollm2-135m-instruct", target_devices=2) == "full"
   assert api.resolve_weights("auto", "/models/llama-hf-dir") == "full"
   assert api.resolve_weights("int8", "smollm2-135m-instruct") == "int8"
+
+
+def test_the_default_target_in_blocks_loads_without_its_float32_conversion(smollm2_gguf, monkeypatch):
+  """load() with the GGUF's blocks (the CPU default) reads the target and its tokenizer from the GGUF file, and checks
+  the shipped draft's tokenizer against it: nothing asks for the converted float32 checkpoint."""
+  from ssd_jax import api, checkpoints
+
+  def no_conversion(*args, **kwargs):
+    raise AssertionError("the float32 conversion was asked for")
+  monkeypatch.setattr(checkpoints, "ensure_target", no_conversion)
+  pipe = api.load(weights="gguf")
+  assert pipe.weights == "gguf" and blocks.is_block(pipe.target.params["layers"][0]["w_up"])
+  assert pipe.draft is not None and pipe.tokenizer.vocab_size == pipe.draft.cfg.vocab_size
