@@ -99,3 +99,15 @@ def test_every_ssd_program_compiles_for_a_tpu_v5e_topology():
   assert all(r["sharding_ok"] for r in recs)
   verify = next(r for r in recs if r["name"] == "target.verify")
   assert verify["argument"] >= memory.param_bytes(tcfg, 4) + memory.kv_bytes(tcfg, 4, 2, 256, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_int8_sizing_is_what_quant_makes(tie):
+  """The plan sizes int8 as quant.py builds it from a bfloat16 checkpoint: layer matrices int8 with a float32 scale
+  per output column, the embedding, head and norms bfloat16 (byte for byte, one device)."""
+  from ssd_jax import quant
+  cfg = tiny_config(vocab_size=96, tie_embeddings=tie)
+  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      model.init_params(jax.random.key(0), cfg))
+  made = quant.quantize_params(bf16, "int8")
+  assert memory.param_bytes(cfg, 1, "int8") == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(made))

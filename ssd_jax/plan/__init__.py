@@ -46,7 +46,7 @@ def make_plan(target: str, draft: str, target_devices: int, device_name: str, dt
               facts=facts(tcfg, dcfg, target_devices, dev, dtype, s, prompt, mem))
   if dev.platform == "tpu" and compile_tpu:
     if dtype == "int8":
-      raise ValueError("the model has no int8 path yet: int8 weights are sized, not compiled (--no-compile)")
+      raise ValueError("int8 weights are sized, not compiled, by the plan (--no-compile); quant.py runs them")
     topo = topology_name(dev, target_devices + 1, slice_shape)
     devs = tpu_devices(topo)
     if len(devs) < target_devices + 1:

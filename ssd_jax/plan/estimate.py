@@ -34,7 +34,7 @@ def weight_read_bytes(cfg: ModelConfig, tp: int, dtype: str) -> float:
   looked-up rows are read)."""
   total = param_bytes(cfg, tp, dtype)
   if not cfg.tie_embeddings:
-    total -= _embed_bytes(cfg, tp, 1 if dtype == "int8" else jnp.dtype(dtype).itemsize)
+    total -= _embed_bytes(cfg, tp, 2 if dtype == "int8" else jnp.dtype(dtype).itemsize)  # int8 keeps it bfloat16
   return float(total)
 
 

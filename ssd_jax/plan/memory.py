@@ -28,19 +28,26 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")
 
 @functools.lru_cache(maxsize=32)
 def abstract_params(cfg: ModelConfig, dtype: str = "bfloat16") -> dict:
-  """Returns the params' ShapeDtypeStructs in a weight dtype (int8: matrices int8, vectors bfloat16; the model has
-  no int8 path yet, so int8 is sized, not compiled)."""
+  """Returns the params' ShapeDtypeStructs in a weight dtype. int8 is quant.py's weight-only int8 of a bfloat16
+  checkpoint: the layer matrices int8 (their float32 scales are counted by param_bytes), everything else bfloat16;
+  it is sized here, not compiled."""
   if dtype not in WEIGHT_DTYPES:
     raise ValueError(f"unknown weight dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
   f32 = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))
 
-  def cast(x):
+  def cast(path, x):
     if not jnp.issubdtype(x.dtype, jnp.floating):
       return x  # token tables (int32)
     if dtype == "int8":
-      return jax.ShapeDtypeStruct(x.shape, jnp.int8 if x.ndim == 2 else jnp.bfloat16)
+      return jax.ShapeDtypeStruct(x.shape, jnp.int8 if _is_layer_matrix(path) else jnp.bfloat16)
     return jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype))
-  return jax.tree.map(cast, f32)
+  return jax.tree_util.tree_map_with_path(cast, f32)
+
+
+def _is_layer_matrix(path) -> bool:
+  """Whether a params path names one of the layer matrices weight-only int8 quantizes (quant.LAYER_MATRICES)."""
+  from ..quant import LAYER_MATRICES
+  return getattr(path[-1], "key", None) in LAYER_MATRICES and getattr(path[0], "key", None) == "layers"
 
 
 def _shard_bytes(shape, dtype, spec, tp: int) -> int:
@@ -49,15 +56,15 @@ def _shard_bytes(shape, dtype, spec, tp: int) -> int:
 
 
 def param_bytes(cfg: ModelConfig, tp: int, dtype: str = "bfloat16") -> int:
-  """Returns the parameter bytes on each device of a tensor-parallel mesh of `tp` (int8: plus one bfloat16 scale
-  per output column of every matrix, the usual per-channel quantisation)."""
+  """Returns the parameter bytes on each device of a tensor-parallel mesh of `tp` (int8: plus quant.py's float32
+  scale per output column of every layer matrix)."""
   params, specs = abstract_params(cfg, dtype), param_specs(cfg, tp)
   leaves = jax.tree.leaves(params)
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
   total = sum(_shard_bytes(x.shape, x.dtype, s, tp) for x, s in zip(leaves, spec_leaves))
   if dtype == "int8":
-    total += sum(_shard_bytes(x.shape[1:], jnp.bfloat16, tuple(s)[1:], tp) for x, s in zip(leaves, spec_leaves)
-                 if x.ndim == 2)
+    total += sum(_shard_bytes(x.shape[1:], jnp.float32, tuple(s)[1:], tp) for x, s in zip(leaves, spec_leaves)
+                 if x.dtype == jnp.int8)
   return int(total)
 
 
