@@ -61,6 +61,23 @@ class LoadedModel:
   path: str
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadSettings:
+  """A pipeline's settings, checked once where they are built: load() builds them before it reads any weight, and a
+  Pipeline built directly builds them too. Each unknown value is one line naming the choices."""
+  attn_impl: str = "auto"
+  ssd_placement: str = "auto"
+  kv_dtype: str = "auto"
+  weights: str = "full"
+
+  def __post_init__(self):
+    for name, value, allowed in (("attention implementation", self.attn_impl, ATTN_IMPLS),
+                                 ("SSD placement", self.ssd_placement, SSD_PLACEMENTS),
+                                 ("KV cache dtype", self.kv_dtype, KV_DTYPES), ("weights", self.weights, WEIGHTS)):
+      if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+
+
 class Pipeline:
   """A target model (and optional draft) with its tokenizer, ready to decode."""
 
@@ -69,15 +86,8 @@ class Pipeline:
                kv_dtype: str = "auto", weights: str = "full"):
     """kv_dtype: the target KV cache's dtype ('auto': the target params', kv_cache.KV_DTYPES); weights: the target's
     weight format as loaded (load's `weights`, resolved), part of what its measured step costs are kept under."""
-    self.weights = weights
-    if kv_dtype not in KV_DTYPES:
-      raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
-    self.kv_dtype = kv_dtype
-    if ssd_placement not in SSD_PLACEMENTS:
-      raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
-    self.ssd_placement = ssd_placement
-    if attn_impl not in ATTN_IMPLS:
-      raise ValueError(f"unknown attention implementation {attn_impl!r}; choose one of {', '.join(ATTN_IMPLS)}")
+    s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights)
+    self.weights, self.kv_dtype, self.ssd_placement = s.weights, s.kv_dtype, s.ssd_placement
     if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
       raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                        f"({target.cfg.vocab_size}); a draft must share the target's tokenizer")
@@ -286,12 +296,7 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   ssd_jax/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from the
   file: ssd_jax/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its format.
   """
-  if ssd_placement not in SSD_PLACEMENTS:
-    raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
-  if weights not in WEIGHTS:
-    raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
-  if kv_dtype not in KV_DTYPES:
-    raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+  LoadSettings(attn_impl, ssd_placement, kv_dtype, weights)  # fails before any weight is read
   weights = resolve_weights(weights, target, target_devices)
   if weights == "gguf" and target_devices != 1:
     raise ValueError("weights='gguf' runs the target on one device; use target_devices=1")

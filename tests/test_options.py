@@ -53,3 +53,24 @@ def test_context_check_names_the_prompt_and_the_speculation_slots():
   with pytest.raises(ValueError, match="K=3 needs 4 cache slots past the text, but prompt 2"):
     check_context(100, [10, 60], 37, k=3)
   check_context(100, [10, 60], 36, k=3)
+
+
+@pytest.mark.parametrize("setting,value,msg", [
+    ("attn_impl", "flash", "unknown attention implementation 'flash'"),
+    ("ssd_placement", "cloud", "unknown SSD placement 'cloud'"),
+    ("kv_dtype", "float8", "unknown KV cache dtype 'float8'"),
+    ("weights", "int4", "unknown weights 'int4'"),
+])
+def test_load_and_pipeline_refuse_a_bad_setting_alike_before_any_weight(monkeypatch, setting, value, msg):
+  """load() checks its settings (LoadSettings) before it reads a weight, and a Pipeline built directly refuses the same
+  value with the same line."""
+  from ssd_jax import api, checkpoints
+
+  def no_read(*args, **kwargs):
+    raise AssertionError("a weight was read")
+  monkeypatch.setattr(checkpoints, "load_model", no_read)
+  with pytest.raises(ValueError, match=msg):
+    api.load("nowhere", **{setting: value})
+  tiny = api.load_tiny()
+  with pytest.raises(ValueError, match=msg):
+    api.Pipeline(tiny.target, tiny.tokenizer, **{setting: value})
