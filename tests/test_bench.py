@@ -12,15 +12,13 @@ import pytest
 
 from ssd_jax.bench import plan
 from ssd_jax.cli_util import UsageError
+from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench_module():
-  spec = importlib.util.spec_from_file_location("bench_script", os.path.join(ROOT, "scripts", "bench.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("bench.py", "bench_script")
 
 
 @pytest.fixture(scope="module")

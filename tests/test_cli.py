@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,11 +120,7 @@ def test_negative_seeds_are_accepted():
 
 
 def _decode_script():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("decode_script", os.path.join(ROOT, "scripts", "decode.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("decode.py", "decode_script")
 
 
 def test_options_the_mode_does_not_read_are_listed():

@@ -2,7 +2,6 @@
 from recorded real output, the command lines built, and one-line errors when the binary is missing or fails. No test
 needs llama-bench: a shell script stands in for it where one must run."""
 import argparse
-import importlib.util
 import json
 import os
 import stat
@@ -11,6 +10,7 @@ import pytest
 
 from ssd_jax.bench import llamacpp_peer as lp
 from ssd_jax.cli_util import UsageError
+from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -24,10 +24,7 @@ def _read(path):
 
 
 def _bench_module():
-  spec = importlib.util.spec_from_file_location("bench_script_llamacpp", os.path.join(ROOT, "scripts", "bench.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("bench.py", "bench_script_llamacpp")
 
 
 def _fake_bench(tmp_path, body: str):

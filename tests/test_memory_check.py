@@ -1,7 +1,5 @@
 """decode.py's memory check sizes the params in the dtype they will have (--dtype, --quantize int8) and the KV cache
 in --kv-dtype: it refuses a float32 model that does not fit and passes the same model in bfloat16 or int8."""
-import importlib.util
-import os
 
 import jax
 import numpy as np
@@ -13,8 +11,8 @@ from ssd_jax.config import tiny_config
 from ssd_jax.kv_cache import KVCache
 from ssd_jax.named_configs import named_config, write_random_hf
 from ssd_jax.sharding import make_placement
+from script_modules import load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("dtype,weights", [("float32", "full"), ("bfloat16", "full"), ("bfloat16", "int8")])
@@ -37,10 +35,7 @@ def test_kv_cache_bytes_are_the_caches():
 
 @pytest.fixture(scope="module")
 def decode_script():
-  spec = importlib.util.spec_from_file_location("decode_script", os.path.join(ROOT, "scripts", "decode.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("decode.py", "decode_script")
 
 
 def test_check_refuses_what_does_not_fit_and_passes_16_bit_and_int8_that_do(tmp_path, decode_script, monkeypatch):

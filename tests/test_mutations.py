@@ -4,21 +4,16 @@ Each mutation's text must occur exactly once in its file, and every test it name
 the code would otherwise turn a mutation into a no-op or a run of nothing, silently.
 """
 import ast
-import importlib.util
 import os
-import sys
 
 import pytest
+from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _mutation_run():
-  spec = importlib.util.spec_from_file_location("mutation_run", os.path.join(ROOT, "scripts", "mutation_run.py"))
-  mod = importlib.util.module_from_spec(spec)
-  sys.modules["mutation_run"] = mod  # dataclasses look their module up there
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("mutation_run.py", "mutation_run")
 
 
 MUTATIONS = _mutation_run().MUTATIONS

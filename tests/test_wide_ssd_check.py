@@ -1,25 +1,20 @@
 """The flow of scripts/wide_ssd_check.py (issue 42's bar) at tiny widths: a random bfloat16 Llama-3.1-70B-shaped
 target and Llama-3.2-1B-shaped draft written as safetensors, loaded sharded onto 4 devices + a draft device; greedy
 SSD equals AR there and passes the teacher-forced check against the target on one device."""
-import importlib.util
-import os
 
 import numpy as np
 import pytest
 
 from ssd_jax import model_files
 from ssd_jax.named_configs import named_config, write_random_hf
+from script_modules import load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(d_model=64, ffn_dim=128, n_heads=8, n_kv_heads=4, head_dim=8, vocab_size=384)
 
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location("wide_ssd_check", os.path.join(ROOT, "scripts", "wide_ssd_check.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("wide_ssd_check.py", "wide_ssd_check")
 
 
 def test_random_hf_writer_gives_distinct_rows_and_the_declared_scales(tmp_path):
