@@ -29,7 +29,9 @@ import sys
 import tempfile
 import time
 
-from ssd_jax.cli_util import check_sampling, check_seed, fail, k_value, run_main, split_cpu
+from ssd_jax import settings
+from ssd_jax.cli_util import fail, k_arg, run_main, split_cpu
+from ssd_jax.decode.options import BACKUPS, DecodeOptions  # no JAX
 
 
 def parse_args(argv=None):
@@ -49,7 +51,7 @@ def parse_args(argv=None):
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--batch-size", type=int, default=1)
-  p.add_argument("--k", default="auto",
+  p.add_argument("--k", default="auto", type=k_arg,
                  help="draft tokens per round (sd, ssd, hf-sd): an integer, or auto (default, as decode.py and the "
                       "API): chosen per batch from this machine's step costs (--calibrate), 0 meaning AR")
   p.add_argument("--calibrate", action="store_true",
@@ -57,20 +59,21 @@ def parse_args(argv=None):
                       "batch 1, 2, 4, 8, 16) for k=auto, cache them and print the K chosen per batch size")
   p.add_argument("--fan-out", default="3", help="ssd: F, or K+1 counts 'F0,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
-  p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"], help="ssd: miss backup")
+  p.add_argument("--backup", default="neural", help=f"ssd: miss backup, one of {', '.join(BACKUPS)}")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
-  p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--quantize", default="auto", choices=["auto", "full", "int8", "gguf"],
+  p.add_argument("--dtype", default="auto",
+                 help=f"params' dtype on device, one of {', '.join(settings.DTYPES)} (auto: the checkpoint's on "
+                      "accelerators, float32 on a CPU)")
+  p.add_argument("--quantize", default="auto",
                  help="target weights: auto (gguf for a GGUF target on one CPU device, else full), full, int8 "
                  "(weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
   p.add_argument("--attention", default="auto",
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
-  p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
-                 help="SSD: the draft on its own JAX device of this process (both share the cores), or in its own "
-                      "process pinned to its own cores; auto (default, as decode.py and the API): processes on a CPU "
-                      "with 2+ usable cores, else devices; --sweep ssd-placement runs devices and processes side by "
-                      "side")
+  p.add_argument("--ssd-placement", default="auto",
+                 help=f"SSD, one of {', '.join(settings.SSD_PLACEMENTS)}: the draft on its own JAX device of this "
+                      "process (both share the cores), or in its own process pinned to its own cores; auto (default, "
+                      "as decode.py and the API): processes on a CPU with 2+ usable cores, else devices; --sweep "
+                      "ssd-placement runs devices and processes side by side")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1,
                  help="1: the draft on its own device after the target's (SSD); 0: on the target's first device")
@@ -152,23 +155,19 @@ def cpu_model() -> str:
 def check_args(args) -> list[str]:
   """Fails on bad input before anything is loaded; returns the modes."""
   modes = [m for m in args.modes.split(",") if m]
-  for m in modes:
-    if m not in ("ar", "sd", "ssd"):
-      fail(f"unknown mode {m!r} in --modes; choose from ar, sd, ssd (the peer's modes come with --peer hf)")
+  for m in modes:  # the peer's modes come with --peer hf
+    settings.check_mode(m)
   if not modes and args.peer != "hf":
     fail("no modes to run")
   for name, val, ok in (("--num-prompts", args.num_prompts, args.num_prompts >= 1),
-                        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 2),
-                        ("--batch-size", args.batch_size, args.batch_size >= 1),
-                        ("--saguaro-c", args.saguaro_c, 0 < args.saguaro_c <= 1)):
+                        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 2)):
     if not ok:
-      fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2, --batch-size >= 1, "
-           f"--saguaro-c in (0, 1])")
-  args.k = k_value(args.k)
-  check_sampling(args.temperature)
-  check_seed(args.seed)
-  if args.target_devices < 1 or args.draft_devices not in (0, 1):
-    fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
+      fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2: a first token and a timed one)")
+  # The settings' own checks (the API's lines); K, the fan-out, backup and Saguaro C: per variant (bench_variants).
+  settings.check_batch_size(args.batch_size)
+  settings.LoadSettings(args.attention, args.ssd_placement, "auto", args.quantize, args.dtype, args.target_devices,
+                        args.draft_devices)
+  DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
   if args.sweep_values and not args.sweep:
     fail("--sweep-values needs --sweep")
   if args.peer == "hf" and (args.batch_size != 1 or args.sweep == "batch"):
@@ -388,12 +387,8 @@ def bench_variants(args, modes) -> list:
   """Returns the variants to run (modes, the peer's, the sweep), each one's settings checked before anything loads."""
   from ssd_jax import defaults
   from ssd_jax.bench import plan
-  from ssd_jax.kernels import masked_attention
   from ssd_jax.sharding import make_placement
 
-  impls = getattr(masked_attention, "IMPLS", ("ref",))
-  if args.attention not in impls:
-    fail(f"unknown --attention {args.attention!r}; choose from {', '.join(impls)}")
   all_modes = modes + (["hf-ar", "hf-sd"] if args.peer == "hf" else [])
   # 'auto' resolved as the pipeline will (the placement does not depend on the weights).
   where = defaults.resolve(True, make_placement(args.target_devices, args.draft_devices), args.ssd_placement)[1]
@@ -404,7 +399,7 @@ def bench_variants(args, modes) -> list:
   variants = plan.make_variants(all_modes, base, args.sweep, values)
   for v in variants:  # each variant's own settings (fan-out against its K, swept temperature, ...) fail before loading
     spec_options(v.opts)
-    check_sampling(v.opts["temperature"])
+    DecodeOptions(temperature=v.opts["temperature"])
   return variants
 
 

@@ -16,12 +16,9 @@ import json
 import os
 import sys
 
-from ssd_jax import distributed
-from ssd_jax.cli_util import (available_memory, check_model_memory, check_output_file, check_sampling, check_seed,
-                              check_speculation_memory, fail, k_value, kv_cache_bytes, param_bytes, run_main,
-                              split_cpu, warn)
-from ssd_jax.decode.auto_k import K_MAX
-from ssd_jax.defaults import MODES
+from ssd_jax import distributed, settings
+from ssd_jax.cli_util import check_output_file, fail, k_arg, run_main, split_cpu, warn
+from ssd_jax.decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, SpecOptions  # no JAX
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
 # Options only some modes read (argparse dests): a run of another mode warns that they do nothing.
@@ -29,26 +26,33 @@ SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c"
 DRAFT_ONLY = ("k", "draft_head_vocab")  # sd and ssd
 
 
+def one_of(values) -> str:
+  return "one of " + ", ".join(values)
+
+
 def make_parser() -> argparse.ArgumentParser:
+  """The flags; each setting is checked where its options object is built (check_args), not here."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   src = p.add_mutually_exclusive_group()
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
   p.add_argument("--mode", default=None,
-                 help="ar, sd or ssd (default: the fastest measured where it runs, ssd_jax.defaults: sd on a CPU "
-                      "with the shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was measured)")
-  p.add_argument("--k", default="auto",
+                 help=f"{one_of(settings.MODES)} (default: the fastest measured where it runs, ssd_jax.defaults: sd on"
+                      " a CPU with the shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was "
+                      "measured)")
+  p.add_argument("--k", default="auto", type=k_arg,
                  help="draft tokens per round (sd, ssd): an integer, or auto (the default) to choose per batch from "
                       "this machine's step costs (scripts/bench.py --calibrate measures them; without them K=2 at "
                       "batch 1-2, 1 at 3-4, and plain AR for larger batches)")
   p.add_argument("--fan-out", default="3",
                  help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")
-  p.add_argument("--fan-out-strategy", default="uniform", choices=["uniform", "geometric"],
-                 help="ssd: geometric spreads a budget of F*(K+1) by Theorem 12, from the draft's calibration "
-                      "(scripts/calibrate_fan_out.py)")
-  p.add_argument("--backup", default="neural", choices=["neural", "fast", "ngram", "auto"],
-                 help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
+  p.add_argument("--fan-out-strategy", default="uniform",
+                 help=f"ssd: {one_of(FAN_OUT_STRATEGIES)}; geometric spreads a budget of F*(K+1) by Theorem 12, from "
+                      "the draft's calibration (scripts/calibrate_fan_out.py)")
+  p.add_argument("--backup", default="neural",
+                 help=f"ssd: speculator on a cache miss, {one_of(BACKUPS)} (auto: Theorem 17 from measured "
+                      "statistics)")
   p.add_argument("--saguaro-c", type=float, default=1.0,
                  help="ssd: Saguaro sampling, the draft's top tokens down-weighted by C in (0, 1] (1 = off)")
   p.add_argument("--target", default="smollm2-135m-instruct",
@@ -72,21 +76,23 @@ def make_parser() -> argparse.ArgumentParser:
                  help="the chat template's thinking switch (Qwen3's enable_thinking; default: the template's)")
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
-  p.add_argument("--attention", default="auto", choices=["auto", "ref", "cpu", "pallas"],
-                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
-                      "kernel) or pallas (kernels; interpret mode on CPU: slow)")
-  p.add_argument("--ssd-placement", default="auto", choices=["auto", "devices", "processes"],
-                 help="ssd: the draft on its own JAX device of this process, or in its own process pinned to its "
-                      "own CPU cores (the target pinned to the others); auto (default): processes on a CPU with "
-                      "2+ usable cores and a one-device target, else devices")
-  p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                 help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
-  p.add_argument("--quantize", default="auto", choices=["auto", "full", "int8", "gguf"],
-                 help="auto: gguf for a GGUF target (the default one included) on one CPU device, else full; int8: "
-                 "the target's matrices weight-only int8 per output channel; gguf: a GGUF target's own Q8_0/Q4_1 "
-                 "blocks, read from the file")
+  p.add_argument("--attention", default="auto",
+                 help=f"attention implementation, {one_of(settings.ATTN_IMPLS)}: auto (the C++ kernel on a CPU, else "
+                      "ref), ref (jnp), cpu (the C++ kernel) or pallas (kernels; interpret mode on CPU: slow)")
+  p.add_argument("--ssd-placement", default="auto",
+                 help=f"ssd, {one_of(settings.SSD_PLACEMENTS)}: the draft on its own JAX device of this process, or in"
+                      " its own process pinned to its own CPU cores (the target pinned to the others); auto "
+                      "(default): processes on a CPU with 2+ usable cores and a one-device target, else devices")
+  p.add_argument("--dtype", default="auto",
+                 help=f"params' dtype on device, {one_of(settings.DTYPES)} (auto: the checkpoint's on accelerators, "
+                      "float32 on a CPU)")
+  p.add_argument("--kv-dtype", default="auto",
+                 help=f"the target's KV cache dtype, {one_of(settings.KV_DTYPES)} (auto: the params'; a 16-bit cache "
+                      "halves its bytes)")
+  p.add_argument("--quantize", default="auto",
+                 help=f"the target's weights, {one_of(settings.WEIGHTS)}; auto: gguf for a GGUF target (the default "
+                      "one included) on one CPU device, else full; int8: the target's matrices weight-only int8 per "
+                      "output channel; gguf: a GGUF target's own Q8_0/Q4_1 blocks, read from the file")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)
@@ -97,32 +103,24 @@ def parse_args(argv=None):
   return make_parser().parse_args(argv)
 
 
-def check_args(args):
+def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
   """Fails on input that can be checked before JAX or a model is loaded; returns the speculation settings
-  (SpecOptions, placed on 'devices' until the placement is resolved)."""
-  from ssd_jax.decode.options import SpecOptions  # no JAX: the CPU is split later
-
-  if args.target_devices < 1 or args.draft_devices not in (0, 1):
-    fail("--target-devices must be >= 1 and --draft-devices 0 or 1")
-  if args.mode is not None and args.mode not in MODES:
-    fail(f"unknown --mode {args.mode!r}; choose from {', '.join(MODES)}")
-  if args.max_new_tokens < 1:
-    fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-  if args.batch_size < 1:
-    fail(f"--batch-size must be >= 1, got {args.batch_size}")
-  if args.draft_head_vocab is not None and args.draft_head_vocab < 1:
-    fail(f"--draft-head-vocab must be >= 1, got {args.draft_head_vocab}")
-  args.k = k_value(args.k)
-  check_sampling(args.temperature, args.top_p)
-  check_seed(args.seed)
-  if not 0 < args.saguaro_c <= 1:
-    fail(f"--saguaro-c must be in (0, 1], got {args.saguaro_c}")
+  (SpecOptions, placed on 'devices' until the placement is resolved) and the decode options. Each setting is checked
+  where its options object is built (SpecOptions, DecodeOptions, settings.LoadSettings): the same line as the API's."""
+  if args.mode is not None:
+    settings.check_mode(args.mode)
+  settings.check_batch_size(args.batch_size)
+  settings.LoadSettings(args.attention, args.ssd_placement, args.kv_dtype, args.quantize, args.dtype,
+                        args.target_devices, args.draft_devices)
+  opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       seed=args.seed, ignore_eos=args.ignore_eos)
+  spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
+                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
   if args.json_out:
     check_output_file(args.json_out, "--json-out")
   if args.raw and args.thinking:
     fail("--thinking is a chat template switch; --raw bypasses the template")
-  return SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
-                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
+  return spec, opts
 
 
 def read_prompts(args) -> list[str]:
@@ -162,108 +160,41 @@ def check_calibration(args, draft_path: str | None) -> None:
   read_calibration(os.path.join(draft_path, CALIBRATION_FILE))  # a missing or malformed file: one line
 
 
-def check_memory(args, draft_path: str, prompts: list[str], fan_out: tuple, backend: str, device) -> None:
-  """Fails when SSD's speculation cache cannot fit in the memory available (the draft's device, or the host).
-
-  The estimate depends on the fan-out's total only, which --fan-out-miss shares."""
-  from ssd_jax.drafts import read_vocab
-
-  scores = args.attention == "ref" or (args.attention == "auto" and backend != "cpu")  # the jnp reference
-  dcfg = read_vocab(draft_path)[0]  # any format, without its weights
-  if args.draft_head_vocab is not None and getattr(dcfg, "kind", None) != "eagle":  # EAGLE: refused at load
-    dcfg = dataclasses.replace(dcfg, head_vocab=args.draft_head_vocab)
-  # Tokens are at most UTF-8 bytes (byte-level BPE); 128 more for the chat template.
-  max_prompt = max(len(p.encode("utf-8")) for p in prompts) + 128
-  k = K_MAX if args.k == "auto" else args.k  # the largest K auto may choose
-  check_speculation_memory(dcfg, min(args.batch_size, len(prompts)), k, fan_out, max_prompt,
-                           args.max_new_tokens, available_memory(device), scores)
-
-
-def model_memory(args, mode: str, draft_path: str | None, prompts: list[str], fan_out: tuple, placement,
-                 backend: str) -> None:
-  """Fails when the target's and draft's params (in the dtype --dtype gives them, --quantize int8 counted as int8)
-  with their KV caches (--kv-dtype) and SSD's speculation cache cannot fit where they go: the host on a CPU (every
-  CPU device is host memory), else the target's first device and the draft's own device. A GGUF model (not sized
-  before it is read) is not checked."""
-  from ssd_jax.checkpoints import param_dtype, peek_model
-  from ssd_jax.decode.base import cache_slots
-  from ssd_jax.decode.draft import CACHE_DTYPE
-
-  target = peek_model(args.target)
-  draft = peek_model(draft_path) if draft_path and mode != "ar" else None
-  if target is None or (mode != "ar" and draft_path and draft is None):
-    return
-  tcfg, tdt = target[0], param_dtype(args.dtype, target[1])
-  batch, tp = min(args.batch_size, len(prompts)), args.target_devices
-  max_prompt = max(len(p.encode("utf-8")) for p in prompts) + 128  # as check_memory
-  k = 0 if mode == "ar" else K_MAX if args.k == "auto" else args.k
-  slots = cache_slots(max_prompt, args.max_new_tokens, lookahead=k + 2 if k else 0)
-  kv = kv_cache_bytes(tcfg, batch, slots, tdt if args.kv_dtype == "auto" else param_dtype(args.kv_dtype, tdt), tp)
-  t = {"target params": param_bytes(tcfg, tdt, args.quantize, tp), "target KV cache": kv}
-  d = {}
-  if draft is not None:
-    d["draft params"] = param_bytes(draft[0], param_dtype(args.dtype, draft[1]))
-    d["draft KV cache"] = kv_cache_bytes(draft[0], batch, slots, CACHE_DTYPE)
-    if mode == "ssd":
-      from ssd_jax.cli_util import speculation_memory
-      d["speculation cache"] = speculation_memory(draft[0], batch, k, fan_out, max_prompt, args.max_new_tokens)["total"]
-  if backend == "cpu":  # one pool: each device's share, times the devices that hold one
-    sd = {k: v * (tp if mode == "sd" and k == "draft params" else 1) for k, v in d.items()}
-    check_model_memory({**{k: v * tp for k, v in t.items()}, **sd}, available_memory(), "the host")
-    return
-  together = mode == "sd" or args.draft_devices == 0  # SD's draft is replicated on the target's devices
-  check_model_memory({**t, **(d if together else {})}, available_memory(placement.target_mesh.devices.flat[0]),
-                     "the target's first device")
-  if d and not together:
-    check_model_memory(d, available_memory(placement.draft_device), "the draft's device")
-
-
 def main(argv=None):
   args = parse_args(argv)
-  spec = check_args(args)
+  spec, opts = check_args(args)
   prompts = read_prompts(args)
   if args.stream and len(prompts) != 1:
     fail("--stream needs exactly one prompt")
   _, nproc, _ = distributed.settings(args.coordinator, args.num_processes, args.process_id)
   split_cpu(max(2, distributed.local_devices_needed(args.target_devices, args.draft_devices, nproc)))
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device is touched
-  import jax
+  from ssd_jax import api
 
-  from ssd_jax import api, defaults
-  from ssd_jax.sharding import make_placement
-
-  # What runs, decided before any weights are read: bad combinations fail here, in a second.
-  draft_path = None if args.draft == "none" else api.draft_dir(args.draft)
-  placement = make_placement(args.target_devices, args.draft_devices)
-  default_mode, where = defaults.resolve(draft_path is not None, placement, args.ssd_placement)
+  # What runs, decided before any weights are read, as api.load decides it: bad input fails here, in a second.
+  no_draft = args.mode == "ar" or args.draft == "none"  # (a run in the default mode may still end up AR)
+  plan = api.prepare(args.target, None if no_draft else args.draft, args.attention, args.target_devices,
+                     args.draft_devices, args.ssd_placement, args.dtype, args.quantize,
+                     None if args.mode == "ar" else args.draft_head_vocab, args.kv_dtype)
+  default_mode, where = plan.mode_and_placement()
   spec = dataclasses.replace(spec, placement=where)
   mode = args.mode or default_mode
-  if mode in ("sd", "ssd") and draft_path is None:
-    fail(f"--mode {mode} needs a draft: none found (train one with scripts/train_draft.py or pass --draft PATH)")
-  if args.fan_out_strategy == "geometric":  # checked under every mode: the warning below says when it is unused
-    check_calibration(args, draft_path)
+  settings.check_mode(mode, plan.draft is not None)
+  if args.fan_out_strategy == "geometric" and args.mode != "ar":  # also in the default mode, where it may be unused
+    check_calibration(args, plan.draft)
   ignored = ignored_options(args, mode)
   if ignored:
     warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing under --mode {mode}"
          + ("" if args.mode else " (the default here; choose another with --mode)"))
   switches = {} if args.thinking is None else {"enable_thinking": args.thinking == "on"}
   check_template(args, switches)
-  backend = jax.default_backend()
-  fan_out = (spec.fan_out,) * (K_MAX + 1) if spec.auto else spec.fan_out  # the widest tree auto may build
-  if mode == "ssd":
-    check_memory(args, draft_path, prompts, fan_out, backend,
-                 None if backend == "cpu" else placement.draft_device)
-  model_memory(args, mode, draft_path, prompts, fan_out, placement, backend)
-
-  pipe = api.load(args.target, draft=draft_path if mode != "ar" else None, attn_impl=args.attention,
-                  target_devices=args.target_devices, draft_devices=args.draft_devices,
-                  ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize,
-                  draft_head_vocab=args.draft_head_vocab if mode != "ar" else None, kv_dtype=args.kv_dtype)
+  plan = plan.without_draft() if mode == "ar" else plan
+  plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec))
+  pipe = api.load_prepared(plan)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
-  gens = pipe.generate(prompts, mode=mode, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_p=args.top_p, seed=args.seed, batch_size=args.batch_size, ignore_eos=args.ignore_eos,
-                       chat=not args.raw, stream=stream, spec=spec,
-                       **switches)
+  gens = pipe.generate(prompts, mode=mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
+                       top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size, ignore_eos=opts.ignore_eos,
+                       chat=not args.raw, stream=stream, spec=spec, **switches)
   if args.stream:
     print()
   if args.json_out and distributed.is_main():

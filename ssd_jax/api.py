@@ -21,26 +21,15 @@ from jax.sharding import Mesh
 
 from . import checkpoints, defaults, drafts, quant
 from .config import ModelConfig
-from .kernels.masked_attention import IMPLS as ATTN_IMPLS
-from .kv_cache import KV_DTYPES
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
 from .fan_out import CALIBRATION_FILE, read_calibration
+from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
+from .settings import MODES, SSD_PLACEMENTS, WEIGHTS, LoadSettings, check_batch_size, check_mode
 from .sharding import Placement, make_placement
 from .tokenizer import TextTokenizer
 
-MODES = defaults.MODES
-SSD_PLACEMENTS = defaults.SSD_PLACEMENTS  # 'auto': by where it runs (defaults.auto_ssd_placement)
-WEIGHTS = ("auto",) + quant.WEIGHT_FORMATS + ("gguf",)  # gguf: the GGUF target's own blocks (blocks.py)
-
-
-def resolve_weights(weights: str, target: str, target_devices: int = 1) -> str:
-  """Returns the weight format `weights` names, 'auto' resolved: a GGUF target's own blocks on one CPU device (the
-  SmolLM2 target reads 97 MB a token instead of 538 and decodes about 3x faster, docs/benchmarks.md), else 'full'."""
-  if weights != "auto":
-    return weights
-  import jax
-  gguf = target in checkpoints.TARGET_NAMES or str(target).endswith(".gguf")
-  return "gguf" if gguf and target_devices == 1 and jax.default_backend() == "cpu" else "full"
+__all__ = ["Generation", "LoadPlan", "LoadSettings", "LoadedModel", "MODES", "Pipeline", "Run", "SSD_PLACEMENTS",
+           "WEIGHTS", "draft_dir", "load", "load_prepared", "load_tiny", "prepare", "resolve_weights"]
 
 
 @dataclasses.dataclass
@@ -59,23 +48,6 @@ class LoadedModel:
   cfg: ModelConfig
   params: dict
   path: str
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadSettings:
-  """A pipeline's settings, checked once where they are built: load() builds them before it reads any weight, and a
-  Pipeline built directly builds them too. Each unknown value is one line naming the choices."""
-  attn_impl: str = "auto"
-  ssd_placement: str = "auto"
-  kv_dtype: str = "auto"
-  weights: str = "full"
-
-  def __post_init__(self):
-    for name, value, allowed in (("attention implementation", self.attn_impl, ATTN_IMPLS),
-                                 ("SSD placement", self.ssd_placement, SSD_PLACEMENTS),
-                                 ("KV cache dtype", self.kv_dtype, KV_DTYPES), ("weights", self.weights, WEIGHTS)):
-      if value not in allowed:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
 
 
 class Pipeline:
@@ -114,13 +86,10 @@ class Pipeline:
     key = (mode, None if mode == "ar" else spec.k if mode == "sd" else spec)
     if key in self._decoders:
       return self._decoders[key]
-    if mode not in MODES:
-      raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    check_mode(mode, self.draft is not None)
     t, d = self.target, self.draft
     if mode == "ar":
       dec = ARDecoder(t.cfg, t.params, self.attn_impl, placement=self.placement, kv_dtype=self.kv_dtype)
-    elif d is None:
-      raise ValueError(f"mode {mode!r} needs a draft model; none is loaded (pass draft=... to load())")
     elif mode == "sd":
       dec = SDDecoder(t.cfg, t.params, d.cfg, d.params, spec, self.attn_impl, placement=self.placement,
                       kv_dtype=self.kv_dtype)
@@ -195,8 +164,7 @@ class Pipeline:
                    saguaro_c: float = 1.0, spec: SpecOptions | None = None, **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode, speculation
     settings and options: as in generate). Every prompt is checked against the context before any is decoded."""
-    if batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_batch_size(batch_size)
     opts = DecodeOptions(eos_id=self.tokenizer.eos_ids if self.tokenizer else None, **options)
     spec = self.spec_options(spec, k=k, fan_out=fan_out, fan_out_miss=fan_out_miss,
                              fan_out_strategy=fan_out_strategy, backup=backup, saguaro_c=saguaro_c)
@@ -252,20 +220,6 @@ class Pipeline:
             for p, r in zip(prompts, res)]
 
 
-def draft_dir(draft: str | None = "default") -> str | None:
-  """Returns the absolute path (a checkpoint directory, a Hugging Face directory or a GGUF file) `load(draft=...)`
-  reads the draft from, or None when it loads none
-  ('default' without the shipped draft, or None); raises CheckpointError for a named draft that is not there."""
-  if draft is None:
-    return None
-  path = checkpoints.resolve_model_dir("default-draft" if draft == "default" else draft)
-  if drafts.model_format(path) is not None:
-    return os.path.abspath(path)
-  if draft != "default":
-    raise checkpoints.CheckpointError(f"draft checkpoint not found at {path}")
-  return None
-
-
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
          target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto", dtype: str = "auto",
          weights: str = "auto", draft_head_vocab: int | None = None, draft_head_counts=None,
@@ -295,24 +249,19 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   'full' (as loaded), 'int8' (the target's layer matrices weight-only int8 per output channel:
   ssd_jax/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from the
   file: ssd_jax/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its format.
+  Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
+  devices, the draft and its tokenizer (`prepare`), and that the params fit in memory (`LoadPlan.check_memory`).
   """
-  LoadSettings(attn_impl, ssd_placement, kv_dtype, weights)  # fails before any weight is read
-  weights = resolve_weights(weights, target, target_devices)
-  if weights == "gguf" and target_devices != 1:
-    raise ValueError("weights='gguf' runs the target on one device; use target_devices=1")
-  placement = make_placement(target_devices, draft_devices)
-  path = draft_dir(draft)
-  if path is None and draft_head_vocab is not None:
-    raise ValueError("draft_head_vocab cuts a draft's head, but no draft is loaded")
-  if path is not None:  # a draft of another vocabulary is refused before any weight is read
-    dcfg, dtok = drafts.read_vocab(path)
-    if getattr(dcfg, "kind", None) != "eagle":
-      # The SmolLM2 target in its blocks is read from its GGUF: its tokenizer too (no float32 conversion on first use).
-      tpath = (checkpoints.locate_smollm2_gguf() if weights == "gguf" and target in checkpoints.TARGET_NAMES
-               else checkpoints.resolve_model_dir(target))
-      drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(tpath), path)
-    elif draft_head_vocab is not None:
-      raise ValueError("draft_head_vocab cuts a standalone draft's head; an EAGLE draft comes with its own")
+  plan = prepare(target, draft, attn_impl, target_devices, draft_devices, ssd_placement, dtype, weights,
+                 draft_head_vocab, kv_dtype)  # every check that needs no weight, before any is read
+  plan.check_memory()
+  return load_prepared(plan, draft_head_counts)
+
+
+def load_prepared(plan: LoadPlan, draft_head_counts=None) -> Pipeline:
+  """Returns the Pipeline of a LoadPlan (`prepare`): reads the target's and the draft's weights."""
+  s, target, path, dtype, placement = plan.settings, plan.target, plan.draft, plan.settings.dtype, plan.placement
+  weights, dcfg = s.weights, plan.draft_cfg
   if weights == "gguf":
     tcfg, tparams, tok = checkpoints.load_model(target, dtype, keep_blocks=True)
   else:
@@ -329,9 +278,10 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
       check_target(dcfg, tcfg)
       dparams = attach_target(dparams, tparams)
     else:
-      dcfg, dparams = drafts.load_draft(path, tcfg, tok, draft_head_vocab, draft_head_counts, dtype, mesh)
+      dcfg, dparams = drafts.load_draft(path, tcfg, tok, plan.draft_head_vocab, draft_head_counts, dtype, mesh)
     d = LoadedModel(dcfg, dparams, path)
-  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, attn_impl, placement, ssd_placement, kv_dtype, weights)
+  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, s.attn_impl, placement, s.ssd_placement, s.kv_dtype,
+                  weights)
 
 
 def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False,

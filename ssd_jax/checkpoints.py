@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from . import settings
 from .config import ModelConfig
 from .families import CheckpointError
 from .model_files import read_gguf
@@ -88,7 +89,7 @@ def _abstract_params(cfg):
   return abstract_params(cfg)
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = settings.DTYPES
 
 
 def param_dtype(dtype: str | None, stored) -> np.dtype:
@@ -101,8 +102,8 @@ def param_dtype(dtype: str | None, stored) -> np.dtype:
   import jax
   import ml_dtypes
 
-  if dtype not in DTYPES and dtype is not None:
-    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+  if dtype is not None:
+    settings.check_choice("dtype", dtype, DTYPES)
   if dtype in (None, "auto"):
     if jax.default_backend() == "cpu" or np.dtype(stored) == np.float64:
       return np.dtype(np.float32)
@@ -259,8 +260,7 @@ def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None, keep_bl
 
   from .tokenizer import TextTokenizer, text_tokenizer_from_gguf
 
-  if dtype not in DTYPES and dtype is not None:
-    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+  param_dtype(dtype, np.float32)  # an unknown dtype fails before anything is read
   if keep_blocks and name_or_path in TARGET_NAMES:
     path = locate_smollm2_gguf()
   else:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 
-MODES = ("ar", "sd", "ssd")
-SSD_PLACEMENTS = ("auto", "devices", "processes")
+from .settings import MODES, SSD_PLACEMENTS, check_choice
+
+__all__ = ["MODES", "SSD_PLACEMENTS", "auto_ssd_placement", "default_mode", "resolve", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -57,8 +58,7 @@ def resolve(has_draft: bool, placement, ssd_placement: str = "auto") -> tuple[st
   """
   import jax
 
-  if ssd_placement not in SSD_PLACEMENTS:
-    raise ValueError(f"unknown SSD placement {ssd_placement!r}; choose one of {', '.join(SSD_PLACEMENTS)}")
+  check_choice("SSD placement", ssd_placement, SSD_PLACEMENTS)
   backend = jax.default_backend()
   where = ssd_placement
   if where == "auto":

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from . import settings
 from .config import ModelConfig
 
 
@@ -39,15 +40,15 @@ class KVCache:
 
 
 # The target KV cache's dtype: 'auto' follows the params (the embedding's dtype, which int8 weights keep).
-KV_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_DTYPES = settings.KV_DTYPES
 
 
 def cache_dtype(params, kv_dtype: str | None = None):
   """Returns the dtype of a target KV cache for `params` under `kv_dtype` (None or 'auto': the params' dtype)."""
   import numpy as np
 
-  if kv_dtype not in KV_DTYPES and kv_dtype is not None:
-    raise ValueError(f"unknown KV cache dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
+  if kv_dtype is not None:
+    settings.check_choice("KV cache dtype", kv_dtype, KV_DTYPES)
   if kv_dtype in (None, "auto"):
     return np.dtype(params["embed"].dtype)
   return np.dtype(jnp.dtype(kv_dtype))

@@ -44,14 +44,14 @@ def read_gguf(path: str, progress: bool = True, keep_blocks: bool = False):
   other types are dequantized to float32."""
   from tqdm.auto import tqdm
 
-  from .blocks import KINDS, QK, from_gguf
+  from .blocks import from_gguf
 
   r, cfg, meta, deq = _open_gguf(path)  # refuses what we do not compute before reading the weights
   shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
 
   def kept(t):
     kind = t.tensor_type.name
-    if kind in KINDS and len(shapes[t.name]) == 2 and shapes[t.name][1] % QK == 0:
+    if kept_as_blocks(kind, shapes[t.name]):
       return from_gguf(np.asarray(t.data), kind, transposed=False)
     if kind in ("F16", "BF16"):
       import ml_dtypes
@@ -61,6 +61,21 @@ def read_gguf(path: str, progress: bool = True, keep_blocks: bool = False):
   read = kept if keep_blocks else deq
   tensors = {t.name: read(t) for t in tqdm(r.tensors, desc="reading GGUF", disable=not progress, unit="tensor")}
   return cfg, _gguf_params(tensors, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
+
+
+def kept_as_blocks(kind: str, shape: tuple) -> bool:
+  """Whether read_gguf(keep_blocks=True) keeps a tensor of this GGUF type and [out, in] shape in its blocks."""
+  from .blocks import KINDS, QK
+
+  return kind in KINDS and len(shape) == 2 and shape[1] % QK == 0
+
+
+def gguf_tensors(path: str):
+  """Returns (ModelConfig, [(name, GGUF type name, shape [out, in], bytes in the file)]) of a GGUF file without
+  reading its weights."""
+  r, cfg = _open_gguf(path)[:2]
+  return cfg, [(t.name, t.tensor_type.name, tuple(int(x) for x in reversed(t.shape)), int(t.n_bytes))
+               for t in r.tensors]
 
 
 def gguf_header(path: str):

@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-WEIGHT_FORMATS = ("full", "int8")
+from . import settings
+
+WEIGHT_FORMATS = settings.WEIGHT_FORMATS
 
 # Matrices of a layer that int8 replaces (norms, biases and q/k norms stay: they are tiny and scale activations).
 LAYER_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -62,8 +64,7 @@ def int8_dense(x: jax.Array, w: Int8Weight, out_dtype=None) -> jax.Array:
 def quantize_params(params: dict, weights: str = "int8") -> dict:
   """Returns params with every layer matrix replaced by its Int8Weight ('int8'), or params unchanged ('full').
   Quantizing int8 params again is refused."""
-  if weights not in WEIGHT_FORMATS:
-    raise ValueError(f"unknown weight format {weights!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+  settings.check_choice("weight format", weights, WEIGHT_FORMATS)
   if weights == "full":
     return params
   if is_quantized(params):

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .config import ModelConfig
 from .kv_cache import KVCache
+from .settings import check_devices
 
 TP = "tp"
 
@@ -199,10 +200,7 @@ def make_placement(target_devices: int = 1, draft_devices: int = 1, devices=None
   process and each process runs the draft on its next local device. Raises ValueError with what to do when the
   platform has too few devices.
   """
-  if target_devices < 1 or draft_devices < 0:
-    raise ValueError("need at least one target device (and a non-negative number of draft devices)")
-  if draft_devices > 1:
-    raise ValueError("the draft runs on one device; draft data parallelism is not implemented")
+  check_devices(target_devices, draft_devices)
   if devices is None and jax.process_count() > 1:
     tdevs, draft = _split_by_process(jax.devices(), target_devices, draft_devices)
     return Placement(Mesh(np.asarray(tdevs), (TP,)), draft)

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from ssd_jax import api
-from ssd_jax.cli_util import UsageError, k_value
+from ssd_jax.cli_util import k_arg
 from ssd_jax.decode import SpecOptions, auto_k
 
 
@@ -61,10 +61,10 @@ def test_auto_spec_options():
                      (dict(k="several"), "'auto'"), (dict(k=0), "'auto'")):
     with pytest.raises(ValueError, match=match):
       SpecOptions(**bad)
-  assert k_value("auto") == "auto" and k_value("3") == 3
-  for bad in ("0", "two"):
-    with pytest.raises(UsageError, match="--k must be"):
-      k_value(bad)
+  assert k_arg("auto") == "auto" and k_arg("3") == 3  # the flag's text as SpecOptions takes it, which checks it
+  for bad in ("0", "two", "1.5"):
+    with pytest.raises(ValueError, match="K \\(draft tokens per round\\) must be an integer >= 1 or 'auto'"):
+      SpecOptions(k=k_arg(bad))
 
 
 def test_pipeline_runs_the_chosen_k_per_batch(tmp_path, monkeypatch):

@@ -16,29 +16,31 @@ def run(script, *args, timeout=600):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--mode", "nonsense"], "unknown --mode"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--mode", "nonsense"], "unknown mode 'nonsense'; choose one of ar, sd, ssd"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
     (["--prompts", "/nonexistent.jsonl"], "does not exist"),
-    (["--temperature", "-1"], "--temperature"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0, got -1.0"),
     (["--mode", "ssd", "--k", "2", "--fan-out", "1,2"], "K+1 = 3"),
     (["--mode", "ssd", "--fan-out", "1,2"], "k='auto' takes a single fan-out F"),  # K is auto by default
-    (["--k", "0"], "--k must be an integer >= 1 or 'auto'"),
-    (["--temperature", "nan"], "--temperature must be a finite number"),  # was decoded greedily
-    (["--temperature", "inf"], "--temperature must be a finite number"),
-    (["--top-p", "nan"], "--top-p must be in (0, 1]"),
-    (["--seed", str(2**63)], "--seed must be in [-2^63, 2^63)"),
-    (["--seed", str(-2**63 - 1)], "--seed must be in [-2^63, 2^63)"),
+    (["--k", "0"], "K (draft tokens per round) must be an integer >= 1 or 'auto'"),
+    (["--temperature", "nan"], "temperature must be a finite number"),  # was decoded greedily
+    (["--temperature", "inf"], "temperature must be a finite number"),
+    (["--top-p", "nan"], "top_p must be in (0, 1]"),
+    (["--seed", str(2**63)], "seed must be an integer in [-2^63, 2^63)"),
+    (["--seed", str(-2**63 - 1)], "seed must be an integer in [-2^63, 2^63)"),
+    (["--attention", "flash"], "unknown attention implementation 'flash'; choose one of auto, ref, cpu, pallas"),
+    (["--backup", "psychic"], "unknown backup 'psychic'"),
     (["--json-out", "/nonexistent-dir/out.jsonl"], "the directory /nonexistent-dir does not exist"),
     (["--json-out", ROOT], "is a directory; give a file name"),
     (["--prompts", ROOT], "is a directory; give a JSONL file"),
     (["--fan-out-strategy", "geometric", "--draft", "none"], "no draft is loaded (--draft none)"),
     # 17 x 16000 branches of 16 tokens: terabytes of draft distributions, refused before anything is loaded.
-    (["--mode", "ssd", "--k", "16", "--fan-out", "16000"], "lower --fan-out, --k or --batch-size"),
+    (["--mode", "ssd", "--k", "16", "--fan-out", "16000"], "lower the fan-out, K or the batch size"),
 ])
 def test_decode_bad_input_one_line_no_traceback(args, msg):
   r = run("decode.py", *args)
   assert r.returncode == 2
-  assert msg in r.stderr
+  assert r.stderr.startswith("decode.py: error: ") and msg in r.stderr
   assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -108,13 +110,13 @@ def test_negative_seeds_are_accepted():
   """JAX makes keys from any 64-bit integer: only values outside int64 are refused."""
   import jax
 
-  from ssd_jax.cli_util import UsageError, check_seed
+  from ssd_jax.decode import DecodeOptions
   for seed in (-1, -2**63, 2**63 - 1):
-    check_seed(seed)
+    DecodeOptions(seed=seed)
     jax.random.key(seed)
   for seed in (2**63, -2**63 - 1):
-    with pytest.raises(UsageError):
-      check_seed(seed)
+    with pytest.raises(ValueError, match="seed must be"):
+      DecodeOptions(seed=seed)
     with pytest.raises(OverflowError):
       jax.random.key(seed)
 
@@ -146,7 +148,7 @@ def test_decode_warns_about_options_the_mode_ignores_and_runs():
 
 def test_speculation_memory_estimate():
   """The estimate's parts, by the shapes of draft_tree's outputs, and the check's message."""
-  from ssd_jax.cli_util import UsageError, check_speculation_memory, speculation_memory
+  from ssd_jax.memory_check import check_speculation_memory, speculation_memory
   from ssd_jax.config import tiny_config
   cfg = tiny_config(vocab_size=300, head_vocab=100)  # n_layers 2, n_heads 4, n_kv_heads 2, head_dim 8
   est = speculation_memory(cfg, batch=2, k=3, fan_out=(4, 2, 1, 1), max_prompt=10, max_new=20)
@@ -159,7 +161,7 @@ def test_speculation_memory_estimate():
   assert est["total"] == est["tree_q"] + est["tree_step"] + est["draft_kv"]
   check_speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, available=est["total"])
   check_speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, available=None)  # unknown: no check
-  with pytest.raises(UsageError, match=r"--k 3 with fan-out 4,2,1,1 \(8 branches of 3 tokens, batch 2\)"):
+  with pytest.raises(ValueError, match=r"K=3 with fan-out 4,2,1,1 \(8 branches of 3 tokens, batch 2\)"):
     check_speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, available=est["total"] - 1)
 
 

@@ -114,5 +114,5 @@ def test_decode_script_reports_bad_process_flags_in_one_line():
   r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "decode.py"), "--num-processes", "2",
                       "--process-id", "1"], capture_output=True, text=True, env=env, timeout=120)
   assert r.returncode == 2
-  assert r.stderr.strip().splitlines() == ["error: --num-processes / --process-id need --coordinator HOST:PORT "
-                                           "(the address of process 0)"]
+  assert r.stderr.strip().splitlines() == ["decode.py: error: --num-processes / --process-id need --coordinator "
+                                           "HOST:PORT (the address of process 0)"]

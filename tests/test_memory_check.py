@@ -1,18 +1,19 @@
-"""decode.py's memory check sizes the params in the dtype they will have (--dtype, --quantize int8) and the KV cache
-in --kv-dtype: it refuses a float32 model that does not fit and passes the same model in bfloat16 or int8."""
+"""The memory check load() and decode.py make (ssd_jax/memory_check.py) sizes the params in the dtype and format they
+will have (dtype, weights int8 or a GGUF's blocks, from the files' headers: nothing is read or converted to size them)
+and the KV cache in kv_dtype: it refuses a float32 model that does not fit and passes the same model in bfloat16 or
+int8."""
 
 import jax
 import numpy as np
 import pytest
 
-from ssd_jax import checkpoints, model, quant
-from ssd_jax.cli_util import UsageError, kv_cache_bytes, param_bytes
+from ssd_jax import api, checkpoints, memory_check, model, quant
+from ssd_jax.decode import SpecOptions
+from ssd_jax.memory_check import kv_cache_bytes, param_bytes
 from ssd_jax.config import tiny_config
 from ssd_jax.kv_cache import KVCache
 from ssd_jax.named_configs import named_config, write_random_hf
 from ssd_jax.sharding import make_placement
-from script_modules import load_script
-
 
 
 @pytest.mark.parametrize("dtype,weights", [("float32", "full"), ("bfloat16", "full"), ("bfloat16", "int8")])
@@ -33,12 +34,20 @@ def test_kv_cache_bytes_are_the_caches():
   assert kv_cache_bytes(cfg, 3, 256, np.float32) == 2 * cache.nbytes()
 
 
-@pytest.fixture(scope="module")
-def decode_script():
-  return load_script("decode.py", "decode_script")
+def _check(monkeypatch, available, target, mode="ar", draft=None, backend="cpu", batch=1, max_new=8, spec=None,
+           **settings):
+  """Runs the check of prepare(target, draft, **settings) for a run of one short prompt with `available` bytes free
+  and JAX's backend taken to be `backend`."""
+  monkeypatch.setattr(memory_check, "available_memory", lambda device=None: available)
+  plan = api.prepare(target, draft, **settings)
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  try:
+    plan.check_memory(api.Run(mode, batch, 10, max_new, spec or SpecOptions(k=3, fan_out=4)))
+  finally:
+    monkeypatch.undo()
 
 
-def test_check_refuses_what_does_not_fit_and_passes_16_bit_and_int8_that_do(tmp_path, decode_script, monkeypatch):
+def test_check_refuses_what_does_not_fit_and_passes_16_bit_and_int8_that_do(tmp_path, monkeypatch):
   cfg = named_config("llama-3.1-70b", n_layers=2, d_model=256, ffn_dim=1024, n_heads=8, n_kv_heads=2, head_dim=32,
                      vocab_size=512)
   write_random_hf(str(tmp_path), cfg)
@@ -46,26 +55,24 @@ def test_check_refuses_what_does_not_fit_and_passes_16_bit_and_int8_that_do(tmp_
                                                            (jax.numpy.bfloat16, "int8")))
   assert int8 < bf16 < f32
 
-  def check(available, *flags):
-    monkeypatch.setattr(decode_script, "available_memory", lambda device=None: available)
-    args = decode_script.parse_args(["--target", str(tmp_path), "--draft", "none", "--prompt", "Hi",
-                                     "--max-new-tokens", "8", *flags])
-    decode_script.model_memory(args, "ar", None, ["Hi"], (), make_placement(1, 0), "cpu")
+  def check(available, **settings):
+    _check(monkeypatch, available, str(tmp_path), draft_devices=0, **settings)
 
-  check((bf16 + f32) // 2, "--dtype", "bfloat16")  # fits in 16 bits
-  with pytest.raises(UsageError, match=f"target params {f32 / 2**20:.1f} MiB"):  # the same model in float32 does not
-    check((bf16 + f32) // 2, "--dtype", "float32")
-  with pytest.raises(UsageError, match="needs an estimated"):
+  check((bf16 + f32) // 2, dtype="bfloat16")  # fits in 16 bits
+  with pytest.raises(ValueError, match=f"target params {f32 / 2**20:.1f} MiB"):  # the same model in float32 does not
+    check((bf16 + f32) // 2, dtype="float32")
+  with pytest.raises(ValueError, match="needs an estimated"):
     check((bf16 + f32) // 2)  # 'auto' on a CPU is float32
-  check((int8 + bf16) // 2, "--dtype", "bfloat16", "--quantize", "int8")
-  with pytest.raises(UsageError):
-    check((int8 + bf16) // 2, "--dtype", "bfloat16")
-  with pytest.raises(UsageError):  # a float32 KV cache of 60k slots does not fit where the bf16 params do
-    check((bf16 + f32) // 2, "--dtype", "bfloat16", "--max-new-tokens", "60000", "--kv-dtype", "float32")
-  check(None, "--dtype", "float32")  # unknown available memory: no check
+  check((int8 + bf16) // 2, dtype="bfloat16", weights="int8")
+  with pytest.raises(ValueError):
+    check((int8 + bf16) // 2, dtype="bfloat16")
+  with pytest.raises(ValueError, match="target KV cache"):  # a float32 cache of 60k slots does not fit where bf16 params do
+    _check(monkeypatch, (bf16 + f32) // 2, str(tmp_path), max_new=60000, draft_devices=0, dtype="bfloat16",
+           kv_dtype="float32")
+  check(None, dtype="float32")  # unknown available memory: no check
 
 
-def test_ssd_counts_the_draft_side_where_it_lives(tmp_path, decode_script, monkeypatch):
+def test_ssd_counts_the_draft_side_where_it_lives(tmp_path, monkeypatch):
   """On a CPU the target, draft and speculation cache share the host; on an accelerator the draft's side is checked
   on its own device."""
   small = dict(n_layers=2, n_heads=8, n_kv_heads=2, head_dim=32, vocab_size=512)
@@ -73,28 +80,20 @@ def test_ssd_counts_the_draft_side_where_it_lives(tmp_path, decode_script, monke
   (tmp_path / "d").mkdir()
   write_random_hf(str(tmp_path / "t"), named_config("llama-3.1-70b", d_model=256, ffn_dim=1024, **small))
   write_random_hf(str(tmp_path / "d"), named_config("llama-3.2-1b", d_model=128, ffn_dim=256, **small))
-  seen = []
+  run = api.Run("ssd", 1, 10, 8, SpecOptions(k=3, fan_out=4))
+  t, d = memory_check.parts(api.prepare(str(tmp_path / "t"), str(tmp_path / "d"), dtype="bfloat16"), run)
+  assert set(t) == {"target params", "target KV cache"}
+  assert set(d) == {"draft params", "draft KV cache", "speculation cache"}
+  target, draft = sum(t.values()), sum(d.values())
+  assert target > draft > d["speculation cache"] > 0
 
-  def run(available, backend):
-    monkeypatch.setattr(decode_script, "available_memory", lambda device=None: available)
-    args = decode_script.parse_args(["--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d"), "--prompt",
-                                     "Hi", "--k", "3", "--fan-out", "4", "--dtype", "bfloat16"])
-    decode_script.check_args(args)
-    try:
-      decode_script.model_memory(args, "ssd", str(tmp_path / "d"), ["Hi"], (4,) * 4, make_placement(1, 1), backend)
-    except UsageError as e:
-      seen.append(str(e))
-      raise
-  with pytest.raises(UsageError, match="speculation cache"):
-    run(1, "cpu")
-  parts = dict(p.rsplit(" ", 2)[:2] for p in seen[-1].split("(")[1].split(")")[0].split(", "))
-  mib = {k: float(v) * 2**20 for k, v in parts.items()}  # every part of this small pair is in MiB
-  target = mib["target params"] + mib["target KV cache"]
-  draft = mib["draft params"] + mib["draft KV cache"] + mib["speculation cache"]
-  assert target > draft > 0
-  run(int(target + draft) + 2**18, "cpu")
-  run(int(target) + 2**18, "gpu")  # each side fits its own device
-  with pytest.raises(UsageError, match="on the host"):
-    run(int(target) + 2**18, "cpu")  # but not the host together
-  with pytest.raises(UsageError, match="the target's first device"):
-    run(int(draft) + 2**18, "gpu")
+  def check(available, backend):
+    _check(monkeypatch, available, str(tmp_path / "t"), "ssd", str(tmp_path / "d"), backend, dtype="bfloat16")
+  check(target + draft, "cpu")
+  with pytest.raises(ValueError, match="speculation cache"):  # every part named
+    check(target + draft - 1, "cpu")
+  check(target, "gpu")  # each side fits its own device
+  with pytest.raises(ValueError, match="on the host"):
+    check(target, "cpu")  # but not the host together
+  with pytest.raises(ValueError, match="the target's first device"):
+    check(draft, "gpu")

@@ -39,6 +39,8 @@ class DecodeOptions:
       raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
     if not np.isfinite(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not -2**63 <= self.seed < 2**63:
+      raise ValueError(f"seed must be an integer in [-2^63, 2^63) (JAX makes keys from 64 bits), got {self.seed!r}")
     e = self.eos_id.tolist() if isinstance(self.eos_id, np.ndarray) else self.eos_id
     ids = () if e is None else (e,) if isinstance(e, (int, np.integer, str)) or not np.iterable(e) else tuple(e)
     if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in ids):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ...settings import ATTN_IMPLS, check_choice
 from ..mask import MaskInfo, causal_mask_info, visible_mask
 from ..platform import kernel_platform
 from .cpu import cpu_attention, cpu_attention_available, cpu_attention_variant
@@ -19,15 +20,14 @@ from .ref import ref_attention
 __all__ = ["IMPLS", "MaskInfo", "attention", "causal_mask_info", "cpu_attention", "cpu_attention_available",
            "cpu_attention_variant", "pallas_attention", "ref_attention", "resolve_impl", "visible_mask"]
 
-IMPLS = ("auto", "ref", "cpu", "pallas")
+IMPLS = ATTN_IMPLS
 
 
 def resolve_impl(impl: str, q=None, k=None, platform: str | None = None) -> str:
   """Returns the implementation 'auto' stands for in a program compiled for `platform` (None: the default backend):
   the CPU kernel on a CPU for float32 inputs when it builds, else the reference. Other names are returned as they
   are (after a check)."""
-  if impl not in IMPLS:
-    raise ValueError(f"unknown attention implementation {impl!r}; choose one of {', '.join(IMPLS)}")
+  check_choice("attention implementation", impl, ATTN_IMPLS)
   if impl != "auto":
     return impl
   f32 = all(x is None or x.dtype == jnp.float32 for x in (q, k))
