@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .settings import MODES, SSD_PLACEMENTS, check_choice
+from .settings import MODES, SSD_PLACEMENTS
 
 __all__ = ["MODES", "SSD_PLACEMENTS", "auto_ssd_placement", "default_mode", "resolve", "usable_cores"]
 
@@ -51,14 +51,14 @@ def default_mode(has_draft: bool, backend: str, draft_has_own_hardware: bool) ->
 
 
 def resolve(has_draft: bool, placement, ssd_placement: str = "auto") -> tuple[str, str]:
-  """Returns (default mode, SSD placement) for a target/draft `placement` (sharding.Placement), 'auto' resolved.
+  """Returns (default mode, SSD placement) for a target/draft `placement` (sharding.Placement), 'auto' resolved;
+  `ssd_placement` is one of SSD_PLACEMENTS (checked where it was given: settings.LoadSettings).
 
   The draft has hardware of its own in the 'processes' placement, or on an accelerator when its device is not one of
   the target's; in-process CPU devices share one thread pool, so they never count.
   """
   import jax
 
-  check_choice("SSD placement", ssd_placement, SSD_PLACEMENTS)
   backend = jax.default_backend()
   where = ssd_placement
   if where == "auto":

@@ -14,11 +14,12 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..fan_out import geometric_from, parse_fan_out
+from ..settings import SSD_PLACEMENTS, check_choice
 from .auto_k import AUTO, K_MAX
 
 FAN_OUT_STRATEGIES = ("uniform", "geometric")
 BACKUPS = ("auto", "neural", "fast", "ngram")  # backup.py; 'auto': Theorem 17 from the run's measured statistics
-PLACEMENTS = ("devices", "processes")
+PLACEMENTS = tuple(p for p in SSD_PLACEMENTS if p != "auto")  # where SSD's draft runs, 'auto' resolved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,15 +125,11 @@ class SpecOptions:
       object.__setattr__(self, name, value)
 
   def _check_rest(self):
-    if self.fan_out_strategy not in FAN_OUT_STRATEGIES:
-      raise ValueError(f"unknown fan-out strategy {self.fan_out_strategy!r}; choose from "
-                       f"{', '.join(FAN_OUT_STRATEGIES)}")
-    if self.backup not in BACKUPS:
-      raise ValueError(f"unknown backup {self.backup!r}; choose from {', '.join(BACKUPS)}")
+    check_choice("fan-out strategy", self.fan_out_strategy, FAN_OUT_STRATEGIES)
+    check_choice("backup", self.backup, BACKUPS)
     if not 0 < self.saguaro_c <= 1:
       raise ValueError(f"Saguaro C must be in (0, 1], got {self.saguaro_c}")
-    if self.placement not in PLACEMENTS:
-      raise ValueError(f"unknown SSD placement {self.placement!r}; choose one of {', '.join(PLACEMENTS)}")
+    check_choice("SSD placement", self.placement, PLACEMENTS)  # resolved: settings.SSD_PLACEMENTS less 'auto'
 
   @property
   def auto(self) -> bool:
