@@ -30,6 +30,7 @@ import tempfile
 import time
 
 from ssd_jax import settings
+from ssd_jax.bench.plan import SWEEPS
 from ssd_jax.cli_util import fail, k_arg, run_main, split_cpu
 from ssd_jax.decode.options import BACKUPS, DecodeOptions  # no JAX
 
@@ -83,7 +84,7 @@ def parse_args(argv=None):
   p.add_argument("--baseline-cores", default="all", choices=["all", "target"],
                  help="target: AR, SD and the peer run pinned to the cores SSD's target gets in the processes "
                       "placement (half of them), i.e. one core each on a 2-core machine, as the issue's bar asks")
-  p.add_argument("--sweep", default=None, choices=["fan-out", "temperature", "saguaro-c", "batch", "k", "backup", "ssd-placement"])
+  p.add_argument("--sweep", default=None, choices=tuple(SWEEPS))  # the plan's own (no JAX)
   p.add_argument("--sweep-values", default=None, help="comma-separated values (default: per sweep, see docs)")
   p.add_argument("--out-dir", help="write bench.json, bench.md and the PNG plots here")
   p.add_argument("--json-out", help="write the JSON result to this file (default: OUT_DIR/bench.json)")

@@ -23,6 +23,7 @@ import os
 import sys
 
 from ssd_jax.cli_util import fail, run_main
+from ssd_jax.decode.options import FAN_OUT_STRATEGIES
 from ssd_jax.timing_model import expected_tokens
 
 
@@ -33,7 +34,7 @@ def parse_args(argv=None):
   p.add_argument("--num-prompts", type=int, default=8)
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--fan-out", type=int, default=3, help="fan-out F for the replayed SSD cache hit rate")
-  p.add_argument("--fan-out-strategy", choices=("uniform", "geometric"), default="uniform",
+  p.add_argument("--fan-out-strategy", choices=FAN_OUT_STRATEGIES, default="uniform",
                  help="F at every acceptance length, or the budget (K+1) F spread by the draft's calibration")
   p.add_argument("--json-out")
   p.add_argument("--answers", help="a JSON file of the target's answers: read when it holds these prompts and "
