@@ -231,6 +231,17 @@ def resolve_model_dir(name_or_path: str) -> str:
   return name_or_path
 
 
+def model_source(name_or_path: str, keep_blocks: bool = False) -> str:
+  """Returns the file or directory load_model reads `name_or_path` from: with keep_blocks a GGUF file (the SmolLM2
+  target's own, not its float32 conversion; anything else is refused in one line), else `resolve_model_dir`'s."""
+  if keep_blocks and name_or_path in TARGET_NAMES:
+    return locate_smollm2_gguf()
+  path = resolve_model_dir(name_or_path)
+  if keep_blocks and not path.endswith(".gguf"):
+    raise CheckpointError(f"GGUF block weights need a GGUF file; {name_or_path!r} is not one")
+  return path
+
+
 def peek_model(name_or_path: str):
   """Returns (config, the embedding's stored dtype) of an HF directory or an ssd-jax checkpoint without reading any
   weight (the memory checks size a model before loading it); None for a GGUF file or what cannot be read so."""
@@ -261,12 +272,7 @@ def load_model(name_or_path: str, dtype: str | None = "auto", mesh=None, keep_bl
   from .tokenizer import TextTokenizer, text_tokenizer_from_gguf
 
   param_dtype(dtype, np.float32)  # an unknown dtype fails before anything is read
-  if keep_blocks and name_or_path in TARGET_NAMES:
-    path = locate_smollm2_gguf()
-  else:
-    path = resolve_model_dir(name_or_path)
-  if keep_blocks and not path.endswith(".gguf"):
-    raise CheckpointError(f"GGUF block weights need a GGUF file; {name_or_path!r} is not one")
+  path = model_source(name_or_path, keep_blocks)
   tok_path = os.path.join(path, "tokenizer.json")
   tok = None
   if path.endswith(".gguf"):

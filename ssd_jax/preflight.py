@@ -90,11 +90,9 @@ class LoadPlan:
     return dataclasses.replace(self, draft=None, draft_cfg=None, draft_head_vocab=None)
 
   def target_source(self) -> str:
-    """Returns what the target is read from: the SmolLM2 target in its blocks from its GGUF, else its path (the
-    named target: its converted checkpoint, made on first use)."""
-    if self.settings.weights == "gguf" and self.target in checkpoints.TARGET_NAMES:
-      return checkpoints.locate_smollm2_gguf()
-    return checkpoints.resolve_model_dir(self.target)
+    """Returns what the target is read from (checkpoints.model_source): in its blocks, a GGUF file (the SmolLM2
+    target's own), else its path (the named target: its float32 conversion, made on first use)."""
+    return checkpoints.model_source(self.target, self.settings.weights == "gguf")
 
   def check_memory(self, run: Run | None = None) -> None:
     """Raises ValueError (one line) when the params cannot fit where they go; with a `run`, then also when they
@@ -121,11 +119,12 @@ def prepare(target: str = checkpoints.TARGET_NAME, draft: str | None = "default"
   if path is None and draft_head_vocab is not None:
     raise ValueError("draft_head_vocab cuts a draft's head, but no draft is loaded")
   plan = LoadPlan(target, s, placement, path, None, draft_head_vocab)
+  source = plan.target_source()  # refuses blocks of what is not a GGUF
   if path is not None:  # a draft of another vocabulary is refused before any weight is read
     dcfg, dtok = drafts.read_vocab(path)
     plan.draft_cfg = dcfg
     if getattr(dcfg, "kind", None) != "eagle":
-      drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(plan.target_source()), path)
+      drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(source), path)
     elif draft_head_vocab is not None:
       raise ValueError("draft_head_vocab cuts a standalone draft's head; an EAGLE draft comes with its own")
   return plan

@@ -73,6 +73,19 @@ def test_a_draft_of_another_vocabulary_is_refused_alike_and_decode_prints_the_li
   assert r.returncode == 2 and r.stderr == f"decode.py: error: {lib}\n"
 
 
+def test_blocks_of_what_is_not_a_gguf_and_a_mode_without_a_draft_are_refused_alike(decode, tiny_hf):
+  cli, lib = _refusals(decode, ["--target", tiny_hf, "--quantize", "gguf", "--draft", "none"],
+                       dict(target=tiny_hf, weights="gguf", draft=None))
+  assert cli == lib and "GGUF block weights need a GGUF file" in lib
+  with pytest.raises(ValueError) as cli:
+    decode.main(["--mode", "sd", "--draft", "none"])
+  pipe = api.load_tiny()
+  pipe.draft = None
+  with pytest.raises(ValueError) as lib:
+    pipe.generate("Hi", mode="sd", k=2)
+  assert str(cli.value) == str(lib.value) and "mode 'sd' needs a draft" in str(lib.value)
+
+
 def test_a_model_that_cannot_fit_is_refused_alike(decode, tiny_hf, monkeypatch):
   """The memory check is the library's: load() refuses params that cannot fit with decode.py's line."""
   monkeypatch.setattr(memory_check, "available_memory", lambda device=None: 2**16)
