@@ -31,7 +31,7 @@ import time
 
 from ssd_jax import settings
 from ssd_jax.bench.plan import SWEEPS
-from ssd_jax.cli_util import fail, k_arg, run_main, split_cpu
+from ssd_jax.cli_util import braces, fail, k_arg, run_main, split_cpu
 from ssd_jax.decode.options import BACKUPS, DecodeOptions  # no JAX
 
 
@@ -60,21 +60,20 @@ def parse_args(argv=None):
                       "batch 1, 2, 4, 8, 16) for k=auto, cache them and print the K chosen per batch size")
   p.add_argument("--fan-out", default="3", help="ssd: F, or K+1 counts 'F0,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
-  p.add_argument("--backup", default="neural", help=f"ssd: miss backup, one of {', '.join(BACKUPS)}")
+  p.add_argument("--backup", default="neural", metavar=braces(BACKUPS), help="ssd: miss backup")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
-  p.add_argument("--dtype", default="auto",
-                 help=f"params' dtype on device, one of {', '.join(settings.DTYPES)} (auto: the checkpoint's on "
-                      "accelerators, float32 on a CPU)")
-  p.add_argument("--quantize", default="auto",
+  p.add_argument("--dtype", default="auto", metavar=braces(settings.DTYPES),
+                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--quantize", default="auto", metavar=braces(settings.WEIGHTS),
                  help="target weights: auto (gguf for a GGUF target on one CPU device, else full), full, int8 "
                  "(weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
-  p.add_argument("--attention", default="auto",
+  p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
-  p.add_argument("--ssd-placement", default="auto",
-                 help=f"SSD, one of {', '.join(settings.SSD_PLACEMENTS)}: the draft on its own JAX device of this "
-                      "process (both share the cores), or in its own process pinned to its own cores; auto (default, "
-                      "as decode.py and the API): processes on a CPU with 2+ usable cores, else devices; --sweep "
-                      "ssd-placement runs devices and processes side by side")
+  p.add_argument("--ssd-placement", default="auto", metavar=braces(settings.SSD_PLACEMENTS),
+                 help="SSD: the draft on its own JAX device of this process (both share the cores), or in its own "
+                      "process pinned to its own cores; auto (default, as decode.py and the API): processes on a CPU "
+                      "with 2+ usable cores, else devices; --sweep ssd-placement runs devices and processes side by "
+                      "side")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1,
                  help="1: the draft on its own device after the target's (SSD); 0: on the target's first device")

@@ -17,7 +17,7 @@ import os
 import sys
 
 from ssd_jax import distributed, settings
-from ssd_jax.cli_util import check_output_file, fail, k_arg, run_main, split_cpu, warn
+from ssd_jax.cli_util import braces, check_output_file, fail, k_arg, run_main, split_cpu, warn
 from ssd_jax.decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, SpecOptions  # no JAX
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
@@ -26,20 +26,15 @@ SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c"
 DRAFT_ONLY = ("k", "draft_head_vocab")  # sd and ssd
 
 
-def one_of(values) -> str:
-  return "one of " + ", ".join(values)
-
-
 def make_parser() -> argparse.ArgumentParser:
   """The flags; each setting is checked where its options object is built (check_args), not here."""
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   src = p.add_mutually_exclusive_group()
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
-  p.add_argument("--mode", default=None,
-                 help=f"{one_of(settings.MODES)} (default: the fastest measured where it runs, ssd_jax.defaults: sd on"
-                      " a CPU with the shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was "
-                      "measured)")
+  p.add_argument("--mode", default=None, metavar=braces(settings.MODES),
+                 help="default: the fastest measured where it runs (ssd_jax.defaults): sd on a CPU with the "
+                      "shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was measured")
   p.add_argument("--k", default="auto", type=k_arg,
                  help="draft tokens per round (sd, ssd): an integer, or auto (the default) to choose per batch from "
                       "this machine's step costs (scripts/bench.py --calibrate measures them; without them K=2 at "
@@ -47,12 +42,11 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--fan-out", default="3",
                  help="ssd: bonus-token guesses cached per acceptance length: F, or K+1 counts 'F0,F1,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the same after a cache miss (same total)")
-  p.add_argument("--fan-out-strategy", default="uniform",
-                 help=f"ssd: {one_of(FAN_OUT_STRATEGIES)}; geometric spreads a budget of F*(K+1) by Theorem 12, from "
-                      "the draft's calibration (scripts/calibrate_fan_out.py)")
-  p.add_argument("--backup", default="neural",
-                 help=f"ssd: speculator on a cache miss, {one_of(BACKUPS)} (auto: Theorem 17 from measured "
-                      "statistics)")
+  p.add_argument("--fan-out-strategy", default="uniform", metavar=braces(FAN_OUT_STRATEGIES),
+                 help="ssd: geometric spreads a budget of F*(K+1) by Theorem 12, from the draft's calibration "
+                      "(scripts/calibrate_fan_out.py)")
+  p.add_argument("--backup", default="neural", metavar=braces(BACKUPS),
+                 help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
   p.add_argument("--saguaro-c", type=float, default=1.0,
                  help="ssd: Saguaro sampling, the draft's top tokens down-weighted by C in (0, 1] (1 = off)")
   p.add_argument("--target", default="smollm2-135m-instruct",
@@ -76,23 +70,21 @@ def make_parser() -> argparse.ArgumentParser:
                  help="the chat template's thinking switch (Qwen3's enable_thinking; default: the template's)")
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
   p.add_argument("--json-out", help="write one JSON object per prompt to this file")
-  p.add_argument("--attention", default="auto",
-                 help=f"attention implementation, {one_of(settings.ATTN_IMPLS)}: auto (the C++ kernel on a CPU, else "
-                      "ref), ref (jnp), cpu (the C++ kernel) or pallas (kernels; interpret mode on CPU: slow)")
-  p.add_argument("--ssd-placement", default="auto",
-                 help=f"ssd, {one_of(settings.SSD_PLACEMENTS)}: the draft on its own JAX device of this process, or in"
-                      " its own process pinned to its own CPU cores (the target pinned to the others); auto "
-                      "(default): processes on a CPU with 2+ usable cores and a one-device target, else devices")
-  p.add_argument("--dtype", default="auto",
-                 help=f"params' dtype on device, {one_of(settings.DTYPES)} (auto: the checkpoint's on accelerators, "
-                      "float32 on a CPU)")
-  p.add_argument("--kv-dtype", default="auto",
-                 help=f"the target's KV cache dtype, {one_of(settings.KV_DTYPES)} (auto: the params'; a 16-bit cache "
-                      "halves its bytes)")
-  p.add_argument("--quantize", default="auto",
-                 help=f"the target's weights, {one_of(settings.WEIGHTS)}; auto: gguf for a GGUF target (the default "
-                      "one included) on one CPU device, else full; int8: the target's matrices weight-only int8 per "
-                      "output channel; gguf: a GGUF target's own Q8_0/Q4_1 blocks, read from the file")
+  p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
+                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
+                      "kernel) or pallas (kernels; interpret mode on CPU: slow)")
+  p.add_argument("--ssd-placement", default="auto", metavar=braces(settings.SSD_PLACEMENTS),
+                 help="ssd: the draft on its own JAX device of this process, or in its own process pinned to its "
+                      "own CPU cores (the target pinned to the others); auto (default): processes on a CPU with "
+                      "2+ usable cores and a one-device target, else devices")
+  p.add_argument("--dtype", default="auto", metavar=braces(settings.DTYPES),
+                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--kv-dtype", default="auto", metavar=braces(settings.KV_DTYPES),
+                 help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
+  p.add_argument("--quantize", default="auto", metavar=braces(settings.WEIGHTS),
+                 help="auto: gguf for a GGUF target (the default one included) on one CPU device, else full; int8: "
+                      "the target's matrices weight-only int8 per output channel; gguf: a GGUF target's own "
+                      "Q8_0/Q4_1 blocks, read from the file")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)

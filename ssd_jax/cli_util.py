@@ -67,6 +67,12 @@ def warn(msg: str) -> None:
   print(f"warning: {msg}", file=sys.stderr, flush=True)
 
 
+def braces(values) -> str:
+  """Returns "{a,b,c}", a flag's metavar in --help for values its options object checks (argparse's choices would
+  be a second check, with another message)."""
+  return "{" + ",".join(values) + "}"
+
+
 def k_arg(text: str):
   """Returns --k as SpecOptions takes it: an integer, or the text ('auto'; anything else SpecOptions refuses)."""
   try:
