@@ -74,3 +74,26 @@ def test_load_and_pipeline_refuse_a_bad_setting_alike_before_any_weight(monkeypa
   tiny = api.load_tiny()
   with pytest.raises(ValueError, match=msg):
     api.Pipeline(tiny.target, tiny.tokenizer, **{setting: value})
+
+
+def test_a_setting_reads_the_same_line_wherever_it_is_caught():
+  """Each setting has one check (ssd_jax/settings.py): LoadSettings and the modules that use the value (the attention
+  switch, the KV cache, the params' dtype, the placement) refuse a bad value with the same line, from the same tuple."""
+  import numpy as np
+
+  from ssd_jax import checkpoints, kv_cache, settings, sharding
+  from ssd_jax.kernels import masked_attention
+
+  def line(fn, *args, **kwargs):
+    with pytest.raises(ValueError) as e:
+      fn(*args, **kwargs)
+    return str(e.value)
+  same = [(dict(attn_impl="flash"), lambda: masked_attention.resolve_impl("flash")),
+          (dict(kv_dtype="float8"), lambda: kv_cache.cache_dtype({}, "float8")),
+          (dict(dtype="float8"), lambda: checkpoints.param_dtype("float8", np.float32)),
+          (dict(target_devices=0), lambda: sharding.make_placement(0, 1)),
+          (dict(draft_devices=2), lambda: sharding.make_placement(1, 2))]
+  for bad, elsewhere in same:
+    assert line(settings.LoadSettings, **bad) == line(elsewhere)
+  assert masked_attention.IMPLS is settings.ATTN_IMPLS and kv_cache.KV_DTYPES is settings.KV_DTYPES
+  assert checkpoints.DTYPES is settings.DTYPES
