@@ -56,11 +56,11 @@ def load_pair(args):
     dcfg = tiny_config(vocab_size=512, n_layers=1, n_heads=4, n_kv_heads=4)
     dp = model.init_params(jax.random.key(1), dcfg, scale=0.3)
     return cfg, tp, dcfg, dp, [[1 + i, 7, 42, 100 + i] for i in range(len(PROMPTS))]
-  from ssd_jax import api
+  from ssd_jax import api, settings
 
   pipe = api.load(args.target, draft=args.draft, target_devices=1, draft_devices=0)
-  if "ssd" in args.modes and pipe.draft is None:
-    fail("--modes ssd needs a draft: none found (pass --draft PATH, or --modes ar)")
+  if "ssd" in args.modes:
+    settings.check_mode("ssd", pipe.draft is not None)  # the API's line for a mode without a draft
   d = pipe.draft
   return (pipe.target.cfg, pipe.target.params, d and d.cfg, d and d.params,
           [pipe.encode_prompt(p) for p in PROMPTS])
