@@ -157,9 +157,12 @@ class DraftKind(NamedTuple):
   step(params, cache, tokens, carried, positions, slots, mask, cfg, attn_impl, platform) -> (logits, carried, cache):
     one draft forward of tokens [B, T] at RoPE positions and cache slots [B, T] that see what `mask` says;
     logits [B, T, V_out].
+  unroll: whether the chain's and the tree's loops over K are unrolled (a cheap step: faster, and cheap to compile)
+    or one loop body (a deep model: one copy of its layers to compile whatever K).
   """
   linear: Callable
   step: Callable
+  unroll: bool = False
 
 
 def _tokens_linear(params, cache, hist, window, spec, lengths, cfg, attn_impl, platform):
@@ -180,7 +183,7 @@ def _tokens_step(params, cache, tokens, carried, positions, slots, mask, cfg, at
 
 
 TOKENS = DraftKind(_tokens_linear, _tokens_step)  # standalone and off-the-shelf drafts (model.py)
-EAGLE = DraftKind(eagle_steps.linear, eagle_steps.step)  # drafts that read the target's features (eagle.py)
+EAGLE = DraftKind(eagle_steps.linear, eagle_steps.step, unroll=True)  # drafts that read the target's features (eagle.py)
 
 
 def draft_kind(cfg) -> DraftKind:
@@ -226,7 +229,8 @@ def draft_propose(params, cache: KVCache, hist, window, lengths, key, temperatur
 
   toks = jnp.zeros((b, k), jnp.int32).at[:, 0].set(tok)
   qs = jnp.zeros((b, k, q.shape[-1]), jnp.float32).at[:, 0].set(q)
-  cache, _, toks, qs = jax.lax.fori_loop(1, k, body, (cache, _at(carried, 0), toks, qs))
+  cache, _, toks, qs = jax.lax.fori_loop(1, k, body, (cache, _at(carried, 0), toks, qs),
+                                          unroll=kind.unroll)
   return toks, qs, cache
 
 
@@ -278,7 +282,8 @@ def draft_tree(params, cache: KVCache, hist, window, spec, lengths, key, tempera
 
   out_t = jnp.zeros((b, n, k), jnp.int32)
   out_q = jnp.zeros((b, n, k, cfg.out_vocab), jnp.float32)
-  cache, _, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, _at(carried, branch_j), out_t, out_q))
+  cache, _, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, _at(carried, branch_j), out_t, out_q),
+                                                unroll=kind.unroll)
   return cand, branch_j, out_t, out_q, probs_g, cache
 
 
