@@ -72,8 +72,8 @@ def _standalone(models, temperature, top_p, c):
   s = (jnp.float32(temperature), jnp.float32(top_p), jnp.float32(c))
   drafted, q, cache = draft_propose(dp, cache, None, last2, lengths, jax.random.key(11), *s, cfg=dcfg, k=K,
                                     saguaro_top=N_TOP)
-  _, _, tree_t, tree_q, _, _ = draft_tree(dp, cache, None, last2, drafted, lengths, jax.random.key(12), *s, cfg=dcfg, k=K,
-                                          fan_out=FAN, saguaro_top=N_TOP)
+  _, _, tree_t, tree_q, _, _ = draft_tree(dp, cache, None, last2, drafted, lengths, jax.random.key(12), *s, cfg=dcfg,
+                                          k=K, fan_out=FAN, saguaro_top=N_TOP)
   return (np.asarray(drafted), np.asarray(q, np.float64)), (np.asarray(tree_t), np.asarray(tree_q, np.float64))
 
 

@@ -146,10 +146,10 @@ def fork(params, scores, spec, cfg, k: int, fan_out: tuple):
 
 class DraftKind(NamedTuple):
   """What one kind of draft model supplies to the draft side's chain and tree (draft_propose, draft_tree), which are
-  written once for every kind: two pure functions, called inside their jit. `carried` is what a draft reads at a
-  position besides its token (an EAGLE draft: the hidden state of the position before, [B, T, d]; None for a draft
-  that reads tokens only); `hist` is a kind's read-only context (an EAGLE draft's fused target features by position,
-  eagle_steps.py; None otherwise).
+  written once for every kind: two pure functions, called inside their jit, and how their loops are laid out.
+  `carried` is what a draft reads at a position besides its token (an EAGLE draft: the hidden state of the position
+  before, [B, T, d]; None for a draft that reads tokens only); `hist` is a kind's read-only context (an EAGLE draft's
+  fused target features by position, eagle_steps.py; None otherwise).
 
   linear(params, cache, hist, window, spec, lengths, cfg, attn_impl, platform) -> (g, carried, cache): feeds the last
     committed tokens `window` (x_L last, at slot L-1) and then spec [B, J] at slots L..L-1+J, linearly; returns the
@@ -169,9 +169,9 @@ def _tokens_linear(params, cache, hist, window, spec, lengths, cfg, attn_impl, p
   """A draft that reads tokens: [x_{L-1}, x_L] (window [B, 2]) and spec at slots L-2..L-1+J in one forward."""
   b, j = spec.shape
   slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(j + 2)[None, :], 0)
+  after = jnp.broadcast_to(1 + jnp.arange(j + 1), (b, j + 1))  # logits after x_L, s_1..s_J
   g, cache = model.forward(params, jnp.concatenate([window, spec], axis=1), slots, cache, slots,
-                           causal_mask_info(slots), cfg, logit_index=jnp.broadcast_to(1 + jnp.arange(j + 1), (b, j + 1)),
-                           attn_impl=attn_impl, platform=platform)
+                           causal_mask_info(slots), cfg, logit_index=after, attn_impl=attn_impl, platform=platform)
   return g, None, cache
 
 
@@ -183,7 +183,7 @@ def _tokens_step(params, cache, tokens, carried, positions, slots, mask, cfg, at
 
 
 TOKENS = DraftKind(_tokens_linear, _tokens_step)  # standalone and off-the-shelf drafts (model.py)
-EAGLE = DraftKind(eagle_steps.linear, eagle_steps.step, unroll=True)  # drafts that read the target's features (eagle.py)
+EAGLE = DraftKind(eagle_steps.linear, eagle_steps.step, unroll=True)  # drafts reading the target's features
 
 
 def draft_kind(cfg) -> DraftKind:
