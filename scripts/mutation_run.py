@@ -38,9 +38,13 @@ SSD_LAW_TOP_P = f"{LAW}::test_sampled_decoding_follows_the_numpy_law[ssd-1.5-0.7
 RAGGED = f"{LAW}::test_ragged_rows_follow_their_own_laws"
 VERIFY_KEYS = f"{KEYS}::test_verify_draws_each_rows_uniforms_and_its_bonus_apart"
 PROCESS_LAW = "tests/test_ssd_processes.py::test_split_temperature_one_matches_target_joint_distribution"
-# The draft side's draw (steps.draw) is one function for every kind; these are the places each kind hands on its q.
+# The draft side's chain and tree (steps.draft_propose, draft_tree) are one code for every kind of draft; these are
+# the places where they hand on the q they drew from. A mutation named eagle_* plants its bug there too, but only
+# tests that draft with an EAGLE draft may catch it: it shows that kind runs through the shared code.
 CHAIN_HANDS = "    return tok, model.scatter_to_vocab(params, probs, cfg)"  # draft_propose (SD, SSD's neural backup)
-EAGLE_TREE_HANDS = "    out_q.append(probs)"  # eagle_tree (SSD's cache from an EAGLE draft)
+TREE_HANDS = "    out_q = out_q.at[:, :, d].set(probs)"  # draft_tree (SSD's speculation cache)
+PROPOSALS_EAGLE = tuple(f"{PROPOSALS}::test_proposals_draw_their_tokens_from_the_q_they_hand_over[eagle-{s}]"
+                        for s in ("1.3-0.7-1.0", "0.7-1.0-0.3", "1.0-0.8-0.5"))
 
 
 def handed(law: str) -> str:
@@ -91,16 +95,15 @@ MUTATIONS = [
              (f"{LAW}::test_chain_proposal_returns_the_q_it_sampled_from",
               f"{LAW}::test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law"),
              "draft_propose samples from Saguaro's q' but hands the verifier plain q"),
-    Mutation("saguaro_tree_hands_plain_q", "ssd_jax/decode/steps.py",
-             "out_q = out_q.at[:, :, d].set(probs)",
-             "out_q = out_q.at[:, :, d].set(sampling.processed_probs(lg, temperature, top_p))",
+    Mutation("saguaro_tree_hands_plain_q", "ssd_jax/decode/steps.py", TREE_HANDS,
+             "    out_q = out_q.at[:, :, d].set(sampling.processed_probs(lg, temperature, top_p))",
              (f"{LAW}::test_tree_returns_the_q_it_sampled_from",
               f"{LAW}::test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law"),
              "draft_tree samples from Saguaro's q' but caches plain q for the verifier"),
-    Mutation("eagle_saguaro_hands_plain_q", "ssd_jax/decode/eagle_steps.py", EAGLE_TREE_HANDS,
-             "    out_q.append(sampling.processed_probs(lg, temperature, top_p))",
+    Mutation("eagle_saguaro_hands_plain_q", "ssd_jax/decode/steps.py", TREE_HANDS,
+             "    out_q = out_q.at[:, :, d].set(sampling.processed_probs(lg, temperature, top_p))",
              ("tests/test_eagle_decode.py::test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law",),
-             "an EAGLE draft's tree samples from Saguaro's q' but caches plain q for the verifier"),
+             "the tree, with an EAGLE draft, samples from Saguaro's q' but caches plain q for the verifier"),
     Mutation("sd_draft_key_reused_across_rounds", "ssd_jax/decode/speculator.py",
              "fold(self.root, self.rnd)", "fold(self.root, 1)",
              (KEYS,), "SD's draft uses round 1's key every round"),
@@ -185,22 +188,24 @@ MUTATIONS = [
              'saguaro_top, cfg)\n    tok = params["vocab_map"][tok]\n    out_t = out_t.at[:, :, d].set(tok)',
              (PROPOSALS, SSD_LAW),
              "draft_tree's speculations hold head rows instead of token ids"),
-    Mutation("eagle_returns_head_rows", "ssd_jax/decode/eagle_steps.py",
-             "    toks.append(tok)", '    toks.append(params["vocab_map"][tok])',
-             (PROPOSALS, EAGLE_LAW + "[ssd-neural-1.0-1.0]"),
-             "an EAGLE draft's chain returns head rows as token ids"),
+    Mutation("eagle_returns_head_rows", "ssd_jax/decode/steps.py", CHAIN_HANDS,
+             '    return params["vocab_map"][tok], model.scatter_to_vocab(params, probs, cfg)',
+             PROPOSALS_EAGLE + (EAGLE_LAW + "[ssd-neural-1.0-1.0]",),
+             "the chain, with an EAGLE draft, returns head rows as token ids"),
     # Each kind of draft hands the verifier the law it drew from, at every temperature and top-p.
-    Mutation("eagle_q_at_temperature_1", "ssd_jax/decode/eagle_steps.py", EAGLE_TREE_HANDS,
-             f"    out_q.append({handed('lg, 1.0, top_p')})", (PROPOSALS, EAGLE_LAW + "[ssd-neural-0.5-0.7]"),
-             "an EAGLE draft's tree draws at temperature T but caches its law at T = 1"),
-    Mutation("eagle_q_without_top_p", "ssd_jax/decode/eagle_steps.py", EAGLE_TREE_HANDS,
-             f"    out_q.append({handed('lg, temperature, 1.0')})", (PROPOSALS, EAGLE_LAW + "[ssd-neural-1.5-0.7]"),
-             "an EAGLE draft's tree draws from the top-p nucleus but caches its law without top-p"),
+    Mutation("eagle_q_at_temperature_1", "ssd_jax/decode/steps.py", TREE_HANDS,
+             f"    out_q = out_q.at[:, :, d].set({handed('lg, 1.0, top_p')})",
+             PROPOSALS_EAGLE + (EAGLE_LAW + "[ssd-neural-0.5-0.7]",),
+             "the tree, with an EAGLE draft, draws at temperature T but caches its law at T = 1"),
+    Mutation("eagle_q_without_top_p", "ssd_jax/decode/steps.py", TREE_HANDS,
+             f"    out_q = out_q.at[:, :, d].set({handed('lg, temperature, 1.0')})",
+             PROPOSALS_EAGLE + (EAGLE_LAW + "[ssd-neural-1.5-0.7]",),
+             "the tree, with an EAGLE draft, draws from the top-p nucleus but caches its law without top-p"),
     Mutation("chain_q_without_top_p", "ssd_jax/decode/steps.py", CHAIN_HANDS,
              f"    return tok, model.scatter_to_vocab(params, {handed('logits_row, temperature, 1.0')}, cfg)", (PROPOSALS, SSD_LAW_TOP_P),
              "draft_propose draws from the top-p nucleus but hands the verifier its law without top-p"),
-    Mutation("tree_q_at_temperature_1", "ssd_jax/decode/steps.py", "out_q = out_q.at[:, :, d].set(probs)",
-             f"out_q = out_q.at[:, :, d].set({handed('lg, 1.0, top_p')})", (PROPOSALS, SSD_LAW_TOP_P),
+    Mutation("tree_q_at_temperature_1", "ssd_jax/decode/steps.py", TREE_HANDS,
+             f"    out_q = out_q.at[:, :, d].set({handed('lg, 1.0, top_p')})", (PROPOSALS, SSD_LAW_TOP_P),
              "draft_tree draws at temperature T but caches its law at T = 1"),
     # Ragged rows at T > 0: rows of different prompts accept different numbers of drafts.
     Mutation("residual_at_row_0s_accept_len", "ssd_jax/sampling.py",

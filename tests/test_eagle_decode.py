@@ -139,7 +139,7 @@ LAW_RUNS = ([("ssd", "neural", t, tp) for t, tp in LAW_SETTINGS] + [("ssd", "fas
 @pytest.mark.parametrize("mode,backup,temperature,top_p", LAW_RUNS)
 def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperature, top_p):
   """Tokens emitted through rounds with an EAGLE draft follow the target's law at T in {0.5, 1, 1.5} x top_p in
-  {0.7, 1}: SSD at every setting (hits from eagle_tree, misses from eagle_propose as the neural backup, which is SD's
+  {0.7, 1}: SSD at every setting (hits from draft_tree, misses from draft_propose as the neural backup, which is SD's
   proposal too), the fast backup, and SD itself at three. The joint law of the first three tokens from
   numpy_reference (3000 rows over 64 cells at 1e-4: detects w >= 0.18 with power 0.99, as
   test_sampled_decoding's). One run puts the draft in its own process, where q crosses the pipe over the head's

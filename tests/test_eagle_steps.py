@@ -1,4 +1,5 @@
-"""An EAGLE draft's decode steps (ssd_jax/decode/eagle_steps.py) against step-by-step drafting with a KV cache."""
+"""An EAGLE draft's decode steps (ssd_jax/decode/eagle_steps.py, and the shared chain and tree of steps.py with its
+DraftKind) against step-by-step drafting with a KV cache."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from ssd_jax import eagle, model
 from ssd_jax.config import tiny_config
 from ssd_jax.decode import eagle_steps as es
+from ssd_jax.decode.steps import draft_propose, draft_tree
 from ssd_jax.kernels import causal_mask_info
 from ssd_jax.kv_cache import KVCache
 
@@ -67,8 +69,8 @@ def test_propose_drafts_like_step_by_step_decoding(pair):
   text, feats, cache, hist = _setup(pair, k=k)
   L = len(text)
   window = jnp.asarray([text[L - k - 1:]])
-  toks, q, _ = es.eagle_propose(dparams, cache, hist, window, jnp.asarray([L]), jax.random.key(0), 0.0, 1.0, 1.0,
-                                dcfg, k, attn_impl="ref")
+  toks, q, _ = draft_propose(dparams, cache, hist, window, jnp.asarray([L]), jax.random.key(0), 0.0, 1.0, 1.0, dcfg,
+                              k, attn_impl="ref")
   want = _greedy_chain(dcfg, dparams, text, eagle.fuse(dparams, feats), L - 1, k)
   assert np.asarray(toks)[0].tolist() == want
   np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, atol=1e-5)
@@ -83,8 +85,8 @@ def test_tree_branches_draft_like_step_by_step_decoding(pair):
   fused = eagle.fuse(dparams, feats)
   spec = _greedy_chain(dcfg, dparams, text, fused, L - 1, k)
   spec[1] = (spec[1] + 5) % 64  # a speculation that is not the draft's own: the glue must read it as given
-  out = es.eagle_tree(dparams, cache, hist, jnp.asarray([text[L - k - 1:]]), jnp.asarray([spec]), jnp.asarray([L]),
-                      jax.random.key(0), 0.0, 1.0, 1.0, dcfg, k, fan_out, attn_impl="ref")
+  out = draft_tree(dparams, cache, hist, jnp.asarray([text[L - k - 1:]]), jnp.asarray([spec]), jnp.asarray([L]),
+                   jax.random.key(0), 0.0, 1.0, 1.0, dcfg, k, fan_out, attn_impl="ref")
   cand, branch_j, tree_t = (np.asarray(x) for x in out[:3])
   assert branch_j.tolist() == [0, 0, 1, 1, 2]
   for n, j in enumerate(branch_j):

@@ -115,10 +115,10 @@ def test_rows_and_depths_of_one_draft_call_draw_apart(uniform):
   _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
   last2, lengths = jnp.asarray([[3, 4]] * b, jnp.int32), jnp.asarray([5] * b, jnp.int32)
   one = jnp.float32(1.0)
-  drafted, _, cache = draft_propose(params, cache, last2, lengths, jax.random.key(1), one, one, one, cfg=cfg, k=k)
+  drafted, _, cache = draft_propose(params, cache, None, last2, lengths, jax.random.key(1), one, one, one, cfg=cfg, k=k)
   drafted = np.asarray(drafted)
   assert len({tuple(r) for r in drafted}) == b, drafted
-  _, _, tree_t, _, _, _ = draft_tree(params, cache, last2, jnp.asarray(drafted), lengths, jax.random.key(2), one, one,
+  _, _, tree_t, _, _, _ = draft_tree(params, cache, None, last2, jnp.asarray(drafted), lengths, jax.random.key(2), one, one,
                                      one, cfg=cfg, k=k, fan_out=(f,) * (k + 1))
   tree_t = np.asarray(tree_t)  # [B, N, K]
   assert _repeated_4grams(tree_t.reshape(-1, k).tolist()) == 0

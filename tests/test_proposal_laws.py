@@ -70,10 +70,10 @@ def _standalone(models, temperature, top_p, c):
   _, cache = prefill(dp, jnp.asarray(toks), jnp.asarray(lens), cache, dcfg)
   last2, lengths = jnp.asarray([t[-2:] for t in texts], jnp.int32), jnp.asarray([len(t) for t in texts], jnp.int32)
   s = (jnp.float32(temperature), jnp.float32(top_p), jnp.float32(c))
-  drafted, q, cache = draft_propose(dp, cache, last2, lengths, jax.random.key(11), *s, cfg=dcfg, k=K,
+  drafted, q, cache = draft_propose(dp, cache, None, last2, lengths, jax.random.key(11), *s, cfg=dcfg, k=K,
                                     saguaro_top=N_TOP)
-  _, _, tree_t, tree_q, _, _ = draft_tree(dp, cache, last2, drafted, lengths, jax.random.key(12), *s, cfg=dcfg, k=K,
-                                          fan_out=FAN, saguaro_top=N_TOP)
+  _, _, tree_t, tree_q, _, _ = draft_tree(dp, cache, None, last2, drafted, lengths, jax.random.key(12), *s, cfg=dcfg,
+                                          k=K, fan_out=FAN, saguaro_top=N_TOP)
   return (np.asarray(drafted), np.asarray(q, np.float64)), (np.asarray(tree_t), np.asarray(tree_q, np.float64))
 
 
@@ -86,10 +86,10 @@ def _eagle(models, temperature, top_p, c):
   cache, hist = es.eagle_prefill(ep, prompts, feats, KVCache.init(ecfg, ROWS, 64), es.init_hist(ecfg, ROWS, 64), ecfg)
   window, lengths = jnp.asarray(texts[:, L - K - 1:]), jnp.full((ROWS,), L, jnp.int32)
   s = (jnp.float32(temperature), jnp.float32(top_p), jnp.float32(c))
-  drafted, q, cache = es.eagle_propose(ep, cache, hist, window, lengths, jax.random.key(13), *s, ecfg, K,
-                                       saguaro_top=N_TOP)
-  _, _, tree_t, tree_q, _, _ = es.eagle_tree(ep, cache, hist, window, drafted, lengths, jax.random.key(14), *s, ecfg,
-                                             K, FAN, saguaro_top=N_TOP)
+  drafted, q, cache = draft_propose(ep, cache, hist, window, lengths, jax.random.key(13), *s, ecfg, K,
+                                    saguaro_top=N_TOP)
+  _, _, tree_t, tree_q, _, _ = draft_tree(ep, cache, hist, window, drafted, lengths, jax.random.key(14), *s, ecfg, K,
+                                          FAN, saguaro_top=N_TOP)
   return (np.asarray(drafted), np.asarray(q, np.float64)), (np.asarray(tree_t), np.asarray(tree_q, np.float64))
 
 

@@ -218,7 +218,7 @@ def test_chain_proposal_returns_the_q_it_sampled_from(temperature, top_p, c):
   cache = KVCache.init(cfg, 2, 128)
   _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
   last2 = jnp.asarray([t[-2:] for t in texts], jnp.int32)
-  drafted, q, _ = draft_propose(params, cache, last2, jnp.asarray([len(t) for t in texts], jnp.int32),
+  drafted, q, _ = draft_propose(params, cache, None, last2, jnp.asarray([len(t) for t in texts], jnp.int32),
                                 jax.random.key(3), jnp.float32(temperature), jnp.float32(top_p), jnp.float32(c),
                                 cfg=cfg, k=k, saguaro_top=n_top)
   drafted, q = np.asarray(drafted), np.asarray(q)
@@ -242,7 +242,7 @@ def test_tree_returns_the_q_it_sampled_from(temperature, top_p, c):
   cache = KVCache.init(cfg, 2, 128)
   _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
   cand, branch_j, tree_t, tree_q, _, _ = draft_tree(
-      params, cache, jnp.asarray([t[-2:] for t in texts], jnp.int32), jnp.asarray(spec),
+      params, cache, None, jnp.asarray([t[-2:] for t in texts], jnp.int32), jnp.asarray(spec),
       jnp.asarray([len(t) for t in texts], jnp.int32), jax.random.key(0), jnp.float32(temperature),
       jnp.float32(top_p), jnp.float32(c), cfg=cfg, k=k, fan_out=(f,) * (k + 1), saguaro_top=n_top)
   cand, branch_j, tree_t, tree_q = (np.asarray(x) for x in (cand, branch_j, tree_t, tree_q))

@@ -41,7 +41,7 @@ def test_tree_branches_equal_plain_forward(head):
   _, cache = prefill(params, jnp.asarray(toks), jnp.asarray(lens), cache, cfg)
   last2 = jnp.asarray([t[-2:] for t in texts], jnp.int32)
   lengths = jnp.asarray([len(t) for t in texts], jnp.int32)
-  cand, branch_j, tree_t, tree_q, _, _ = draft_tree(params, cache, last2, jnp.asarray(spec), lengths,
+  cand, branch_j, tree_t, tree_q, _, _ = draft_tree(params, cache, None, last2, jnp.asarray(spec), lengths,
                                                     jax.random.key(0), jnp.float32(1.0), jnp.float32(1.0),
                                                     jnp.float32(1.0), cfg=cfg, k=k, fan_out=(f,) * (k + 1))
   cand, branch_j, tree_t, tree_q = (np.asarray(x) for x in (cand, branch_j, tree_t, tree_q))

@@ -4,7 +4,8 @@ The speculators (speculator.py) decide what to draft and with which keys; these 
 prompts, `observe` the target features a verify returns (drafts that read them), `propose` K tokens in one chain
 (SD's proposal, SSD's neural backup) and `tree` (SSD's glue + fork + tree over every likely verify outcome). Two
 kinds: `DraftModel`, a standalone small Llama that reads tokens, and `EagleDraftModel`, an EAGLE draft that reads
-the target's features (ssd_jax/eagle.py). `make_draft_model` picks the kind from the config.
+the target's features (ssd_jax/eagle.py). `make_draft_model` picks the kind from the config. Both run the same chain
+and tree (steps.draft_propose, draft_tree), which take the kind's forward from the config (steps.DraftKind).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..config import ModelConfig
 from ..kernels.platform import kernel_platform
 from ..kv_cache import KVCache
 from .base import Programs
-from .eagle_steps import eagle_observe, eagle_prefill, eagle_propose, eagle_tree, init_hist
+from .eagle_steps import eagle_observe, eagle_prefill, init_hist
 from .options import DecodeOptions
 from .steps import draft_propose, draft_tree, prefill
 
@@ -63,6 +64,7 @@ class DraftModel:
     self.platform = kernel_platform(platform)
     self.st = dict(cfg=cfg, attn_impl=attn_impl, platform=self.platform)
     self.window = 2  # committed tokens each proposal reads: x_{L-1}, x_L
+    self.hist = None  # the context its chain and tree read besides the cache (steps.DraftKind): none
 
   def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
             saguaro_top: int = 0) -> None:
@@ -75,19 +77,24 @@ class DraftModel:
     self._settings(opts, k, saguaro_c, saguaro_top)
     self.cache = put(KVCache.init(self.cfg, b, slots, CACHE_DTYPE))
     self.tokens, self.lengths = put(jnp.asarray(tokens)), put(jnp.asarray(lengths))
-    z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, k)))
-    key = put(jax.random.key(0))
     self.run.compile_only(prefill, self.params, self.tokens, self.lengths, self.cache, **self.st)
-    self.run.compile_only(draft_propose, self.params, self.cache, zw, z, key, *self._sampling, **self.st, k=k,
-                          saguaro_top=saguaro_top)
-    for f in dict.fromkeys(fan_outs):
-      self.run.compile_only(draft_tree, self.params, self.cache, zw, zk, z, key, *self._sampling, **self.st, k=k,
-                            fan_out=f, saguaro_top=saguaro_top)
+    self._compile_drafting(b, fan_outs)
 
   def _settings(self, opts: DecodeOptions, k: int, saguaro_c: float, saguaro_top: int) -> None:
     put = self.put
     self._sampling = (put(jnp.float32(opts.temperature)), put(jnp.float32(opts.top_p)), put(jnp.float32(saguaro_c)))
     self.saguaro_top, self.k = saguaro_top, k
+
+  def _compile_drafting(self, b: int, fan_outs) -> None:
+    """Compiles the chain and every tree shape (steps.draft_propose, draft_tree: one code for every kind)."""
+    put = self.put
+    z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, self.k)))
+    key = put(jax.random.key(0))
+    self.run.compile_only(draft_propose, self.params, self.cache, self.hist, zw, z, key, *self._sampling, **self.st,
+                          k=self.k, saguaro_top=self.saguaro_top)
+    for f in dict.fromkeys(fan_outs):
+      self.run.compile_only(draft_tree, self.params, self.cache, self.hist, zw, zk, z, key, *self._sampling,
+                            **self.st, k=self.k, fan_out=f, saguaro_top=self.saguaro_top)
 
   def prefill(self, features=None) -> None:
     """Writes the prompts into the cache (dispatched; not waited for)."""
@@ -101,16 +108,17 @@ class DraftModel:
 
     window [B, self.window]: the last committed tokens; lengths [B]: committed lengths L (host arrays).
     """
-    tok, q, self.cache = self.run(draft_propose, self.params, self.cache, self.put(window), self.put(lengths),
-                                  self.put(key), *self._sampling, **self.st, k=self.k, saguaro_top=self.saguaro_top)
+    tok, q, self.cache = self.run(draft_propose, self.params, self.cache, self.hist, self.put(window),
+                                  self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
+                                  saguaro_top=self.saguaro_top)
     return tok, q
 
   def tree(self, window, spec, lengths, key, fan_out: tuple) -> SpecTree:
     """Returns the speculation cache for every likely outcome of verifying `spec` [B, K] (dispatched, not waited
     for): glue, fork into fan_out[j] bonus guesses per acceptance length j, K tree steps."""
-    *out, self.cache = self.run(draft_tree, self.params, self.cache, self.put(window), spec, self.put(lengths),
-                                self.put(key), *self._sampling, **self.st, k=self.k, fan_out=fan_out,
-                                saguaro_top=self.saguaro_top)
+    *out, self.cache = self.run(draft_tree, self.params, self.cache, self.hist, self.put(window), spec,
+                                self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
+                                fan_out=fan_out, saguaro_top=self.saguaro_top)
     return SpecTree(*out)
 
 
@@ -133,17 +141,11 @@ class EagleDraftModel(DraftModel):
     self.hist = put(init_hist(self.cfg, b, slots))
     self.tokens = put(jnp.asarray(tokens))
     f = self.cfg.feature_dim
-    z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, k)))
-    key = put(jax.random.key(0))
     self.run.compile_only(eagle_prefill, self.params, self.tokens, put(jnp.zeros(tokens.shape + (f,))), self.cache,
                           self.hist, **self.st)
-    self.run.compile_only(eagle_observe, self.params, self.hist, put(jnp.zeros((b, k + 1, f))), z,
-                          platform=self.platform)
-    self.run.compile_only(eagle_propose, self.params, self.cache, self.hist, zw, z, key, *self._sampling, **self.st,
-                          k=k, saguaro_top=saguaro_top)
-    for fo in dict.fromkeys(fan_outs):
-      self.run.compile_only(eagle_tree, self.params, self.cache, self.hist, zw, zk, z, key, *self._sampling,
-                            **self.st, k=k, fan_out=fo, saguaro_top=saguaro_top)
+    self.run.compile_only(eagle_observe, self.params, self.hist, put(jnp.zeros((b, k + 1, f))),
+                          put(jnp.zeros((b,), jnp.int32)), platform=self.platform)
+    self._compile_drafting(b, fan_outs)
 
   def prefill(self, features=None) -> None:
     """Writes the prompts and their target features [B, T_pad, n_feat * d] (the target's prefill) into the caches."""
@@ -156,15 +158,3 @@ class EagleDraftModel(DraftModel):
     """Takes a verify's target features [B, K+1, n_feat * d] of positions start..start+K ([B], host)."""
     self.hist = self.run(eagle_observe, self.params, self.hist, self.put(features), self.put(start),
                          platform=self.platform)
-
-  def propose(self, window, lengths, key):
-    tok, q, self.cache = self.run(eagle_propose, self.params, self.cache, self.hist, self.put(window),
-                                  self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
-                                  saguaro_top=self.saguaro_top)
-    return tok, q
-
-  def tree(self, window, spec, lengths, key, fan_out: tuple) -> SpecTree:
-    *out, self.cache = self.run(eagle_tree, self.params, self.cache, self.hist, self.put(window), spec,
-                                self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
-                                fan_out=fan_out, saguaro_top=self.saguaro_top)
-    return SpecTree(*out)

@@ -1,4 +1,6 @@
-"""An EAGLE draft's decode steps as pure jitted functions (ssd_jax/eagle.py is the model).
+"""An EAGLE draft's decode steps (ssd_jax/eagle.py is the model): its prefill and feature history, jitted, and the two
+functions of its steps.DraftKind (`linear`, `step`), through which the shared chain and tree (steps.draft_propose,
+steps.draft_tree) draft with it.
 
 Positions are 0-based: a row's committed text is x_0..x_{L-1}, its last token x_{L-1} the latest bonus. The draft at
 position p reads x_p and a feature of position p-1: `hist[p-1]`, the fused target features of p-1, when the target
@@ -23,11 +25,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import eagle, model, sampling
+from .. import eagle
 from ..eagle import EagleConfig
-from ..kernels import MaskInfo, causal_mask_info
+from ..kernels import causal_mask_info
 from ..kv_cache import KVCache
-from .steps import draw, fork
 
 
 def init_hist(cfg: EagleConfig, batch: int, slots: int) -> jax.Array:
@@ -76,68 +77,26 @@ def _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform):
   return logits[:, -1], h[:, -1], cache
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
-                   donate_argnames=("cache",))
-def eagle_propose(params, cache: KVCache, hist, window, lengths, key, temperature, top_p, saguaro_c, cfg: EagleConfig,
-                  k: int, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
-  """Returns (draft tokens [B, K], their distributions over the full vocabulary [B, K, V], cache).
-
-  window [B, K+1]: the last K+1 committed tokens; lengths [B]: L. Token i (0-based) is drafted at position L-1+i
-  reading the draft's own hidden state of the position before (depth i).
-  """
-  b = window.shape[0]
-  logits, h, cache = _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform)
-  keys = jax.random.split(key, k)
-  toks, qs = [], []
-  for i in range(k):
-    if i:
-      s = (lengths + i - 1)[:, None]
-      lg, hh, cache = eagle.forward(params, toks[-1][:, None], h[:, None], s, cache, s, causal_mask_info(s), cfg,
-                                    attn_impl=attn_impl, platform=platform)
-      logits, h = lg[:, 0], hh[:, 0]
-    tok, probs = draw(params, logits, jax.random.split(keys[i], b), temperature, top_p, saguaro_c, saguaro_top, cfg)
-    toks.append(tok)
-    qs.append(model.scatter_to_vocab(params, probs, cfg))
-  return jnp.stack(toks, 1), jnp.stack(qs, 1), cache
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "platform", "saguaro_top"),
-                   donate_argnames=("cache",))
-def eagle_tree(params, cache: KVCache, hist, window, spec, lengths, key, temperature, top_p, saguaro_c,
-               cfg: EagleConfig, k: int, fan_out: tuple, attn_impl: str = "auto", platform: str | None = None,
-               saguaro_top: int = 0):
-  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], glue probs [B, K+1, V_out],
-  cache): steps.draft_tree's speculation cache, drafted by an EAGLE draft while the target verifies `spec` [B, K].
-
-  window [B, K+1]: the last K+1 committed tokens (x_{L-1}, the bonus, last); lengths [B]: L. Glue: catch-up, then
-  s_1..s_K at positions L..L+K-1, each reading the hidden state before it. Branch (j, c) feeds c at position L+j
-  reading the glue's hidden state at L-1+j, then its own tokens; its scratch slots follow the glue's as in
-  draft_tree, and it sees the glue up to its fork point and its own scratch entries.
-  """
-  b, n = spec.shape[0], sum(fan_out)
+def linear(params, cache: KVCache, hist, window, spec, lengths, cfg: EagleConfig, attn_impl: str = "auto",
+           platform: str | None = None):
+  """Returns (g [B, J+1, V_out], h [B, J+1, d], cache): an EAGLE draft's linear feed (steps.DraftKind). The catch-up
+  re-feeds window [B, K+1] (positions L-K-1..L-1) from target features; then s_1..s_J (spec [B, J]) are fed one by
+  one at positions L..L-1+J, each reading the hidden state before it. g[:, j] are the logits after x_{L-1}, s_1..s_j
+  and h[:, j] the hidden state a step after them reads."""
   logits, h, cache = _catch_up(params, cache, hist, window, lengths, cfg, attn_impl, platform)
   gs, hs = [logits], [h]
-  for i in range(k):
+  for i in range(spec.shape[1]):
     s = (lengths + i)[:, None]
-    lg, hh, cache = eagle.forward(params, spec[:, i:i + 1], hs[-1][:, None], s, cache, s, causal_mask_info(s), cfg,
-                                  attn_impl=attn_impl, platform=platform)
+    lg, hh, cache = step(params, cache, spec[:, i:i + 1], hs[-1][:, None], s, s, causal_mask_info(s), cfg, attn_impl,
+                         platform)
     gs.append(lg[:, 0])
     hs.append(hh[:, 0])
-  g, hg = jnp.stack(gs, 1), jnp.stack(hs, 1)  # [B, K+1, V_out], [B, K+1, d]
-  cand, branch_j = fork(params, g, spec, cfg, k, fan_out)
-  tree_start = lengths + k
-  vis_end = jnp.broadcast_to(lengths[:, None] + branch_j[None, :], (b, n)).astype(jnp.int32)
-  branch = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-  keys = jax.random.split(key, k)
-  inp, h_in = cand, hg[:, branch_j]
-  out_t, out_q = [], []
-  for d in range(k):
-    mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
-                    tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
-    lg, h_in, cache = eagle.forward(params, inp, h_in, vis_end + d, cache, tree_start[:, None] + d * n + branch,
-                                    mask, cfg, attn_impl=attn_impl, platform=platform)
-    inp, probs = draw(params, lg, jax.random.fold_in(keys[0], d), temperature, top_p, saguaro_c, saguaro_top, cfg)
-    out_t.append(inp)
-    out_q.append(probs)
-  return (cand, branch_j, jnp.stack(out_t, 2), jnp.stack(out_q, 2),
-          sampling.processed_probs(g, 1.0, 1.0), cache)
+  return jnp.stack(gs, 1), jnp.stack(hs, 1), cache
+
+
+def step(params, cache: KVCache, tokens, h_prev, positions, slots, mask, cfg: EagleConfig, attn_impl: str = "auto",
+         platform: str | None = None):
+  """Returns (logits [B, T, V_out], h [B, T, d], cache): one EAGLE draft forward of tokens [B, T] reading the hidden
+  states h_prev [B, T, d] of the positions before them (steps.DraftKind)."""
+  return eagle.forward(params, tokens, h_prev, positions, cache, slots, mask, cfg, attn_impl=attn_impl,
+                       platform=platform)

@@ -19,9 +19,12 @@ SSD's draft, from the same inputs while the target verifies s_1..s_K (`draft_tre
          L+j+d, and attention sees the glue up to its fork point plus its own earlier scratch entries only.
 The result is the speculation cache: for every key (j, c), K tokens and the exact distributions they were drawn from;
 `lookup` finds the verify outcome (k, t*) in it.
-An EAGLE draft (one that reads the target's features) has its own steps, eagle_steps.py: `prefill` and `verify` here
-also return the target's features of the positions they ran (`feature_layers`), which go to the draft with the
-outcome; without feature_layers they compile to exactly the programs a standalone draft uses.
+The draft's chain and tree are written once for every kind of draft model; a kind supplies only how it feeds the
+committed text and one forward (`DraftKind`). The slots above are those of a draft that reads tokens (standalone or
+off-the-shelf, `TOKENS`); an EAGLE draft (`EAGLE`, eagle_steps.py) reads the target's features and re-feeds the last
+K+1 committed tokens instead of two. `prefill` and `verify` here also return the target's features of the positions
+they ran (`feature_layers`), which go to an EAGLE draft with the outcome; without feature_layers they compile to
+exactly the programs a standalone draft uses.
 
 Random streams: each role draws from its own stream of the run's seed (`stream_key`), so the draft's proposals are
 independent of the verifier's uniforms and never reuse the first token's key.
@@ -29,6 +32,7 @@ independent of the verifier's uniforms and never reuse the first token's key.
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +42,7 @@ from .. import model, sampling
 from ..config import ModelConfig
 from ..kernels import MaskInfo, causal_mask_info
 from ..kv_cache import KVCache
+from . import eagle_steps
 
 DRAFT_STREAM, VERIFY_STREAM = 0x5EED, 0xC0DE
 
@@ -139,40 +144,93 @@ def fork(params, scores, spec, cfg, k: int, fan_out: tuple):
   return model.to_token_ids(params, top_rows[:, branch_j, rank], cfg), jnp.asarray(branch_j)
 
 
+class DraftKind(NamedTuple):
+  """What one kind of draft model supplies to the draft side's chain and tree (draft_propose, draft_tree), which are
+  written once for every kind: two pure functions, called inside their jit, and how their loops are laid out.
+  `carried` is what a draft reads at a position besides its token (an EAGLE draft: the hidden state of the position
+  before, [B, T, d]; None for a draft that reads tokens only); `hist` is a kind's read-only context (an EAGLE draft's
+  fused target features by position, eagle_steps.py; None otherwise).
+
+  linear(params, cache, hist, window, spec, lengths, cfg, attn_impl, platform) -> (g, carried, cache): feeds the last
+    committed tokens `window` (x_L last, at slot L-1) and then spec [B, J] at slots L..L-1+J, linearly; returns the
+    logits after x_L, s_1..s_j, g [B, J+1, V_out], and what a step after each of them carries [B, J+1, ...].
+  step(params, cache, tokens, carried, positions, slots, mask, cfg, attn_impl, platform) -> (logits, carried, cache):
+    one draft forward of tokens [B, T] at RoPE positions and cache slots [B, T] that see what `mask` says;
+    logits [B, T, V_out].
+  unroll: whether the chain's and the tree's loops over K are unrolled (a cheap step: faster, and cheap to compile)
+    or one loop body (a deep model: one copy of its layers to compile whatever K).
+  """
+  linear: Callable
+  step: Callable
+  unroll: bool = False
+
+
+def _tokens_linear(params, cache, hist, window, spec, lengths, cfg, attn_impl, platform):
+  """A draft that reads tokens: [x_{L-1}, x_L] (window [B, 2]) and spec at slots L-2..L-1+J in one forward."""
+  b, j = spec.shape
+  slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(j + 2)[None, :], 0)
+  after = jnp.broadcast_to(1 + jnp.arange(j + 1), (b, j + 1))  # logits after x_L, s_1..s_J
+  g, cache = model.forward(params, jnp.concatenate([window, spec], axis=1), slots, cache, slots,
+                           causal_mask_info(slots), cfg, logit_index=after, attn_impl=attn_impl, platform=platform)
+  return g, None, cache
+
+
+def _tokens_step(params, cache, tokens, carried, positions, slots, mask, cfg, attn_impl, platform):
+  """A draft that reads tokens: one model forward; it carries nothing from one position to the next."""
+  logits, cache = model.forward(params, tokens, positions, cache, slots, mask, cfg, attn_impl=attn_impl,
+                                platform=platform)
+  return logits, None, cache
+
+
+TOKENS = DraftKind(_tokens_linear, _tokens_step)  # standalone and off-the-shelf drafts (model.py)
+EAGLE = DraftKind(eagle_steps.linear, eagle_steps.step, unroll=True)  # drafts reading the target's features
+
+
+def draft_kind(cfg) -> DraftKind:
+  """Returns the DraftKind of a draft config: EAGLE for an EagleConfig, else TOKENS."""
+  return EAGLE if getattr(cfg, "kind", None) == "eagle" else TOKENS
+
+
+def _at(carried, idx):
+  """Returns the carried state (None, or arrays [B, T, ...]) indexed along its position axis."""
+  return jax.tree.map(lambda c: c[:, idx], carried)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
                    donate_argnames=("cache",))
-def draft_propose(params, cache: KVCache, last2, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
-                  k: int, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
-  """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache).
+def draft_propose(params, cache: KVCache, hist, window, lengths, key, temperature, top_p, saguaro_c, cfg, k: int,
+                  attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
+  """Returns (draft tokens [B, K], their processed distributions over the full vocabulary [B, K, V], cache): the
+  chain of every draft kind (SD's proposal, SSD's neural backup).
 
-  last2: [B, 2] the last two committed tokens; lengths: [B] committed length L (the bonus included). Static: cfg, k,
-  saguaro_top (SSD's Saguaro sampling: the top tokens down-weighted by saguaro_c; 0 = plain sampling).
+  hist: the kind's context (None for a draft that reads tokens); window: the last committed tokens the kind feeds
+  ([B, 2] reading tokens, [B, K+1] for EAGLE); lengths: [B] committed length L (the bonus included). Draft token i
+  (0-based) is fed at slot and position L-1+i. Static: cfg (its kind: draft_kind), k, saguaro_top (SSD's Saguaro
+  sampling: the top tokens down-weighted by saguaro_c; 0 = plain sampling).
   """
-  b = last2.shape[0]
-  slots = lengths[:, None] - 2 + jnp.arange(2)[None, :]
-  slots = jnp.maximum(slots, 0)
-  logits, cache = model.forward(params, last2, slots, cache, slots, causal_mask_info(slots), cfg,
-                                logit_index=jnp.ones((b, 1), jnp.int32), attn_impl=attn_impl, platform=platform)
+  kind, run = draft_kind(cfg), dict(cfg=cfg, attn_impl=attn_impl, platform=platform)
+  b = window.shape[0]
+  g, carried, cache = kind.linear(params, cache, hist, window, jnp.zeros((b, 0), jnp.int32), lengths, **run)
   keys = jax.random.split(key, k)
 
   def draw_row(logits_row, kk):  # one key per row; the law over the full vocabulary, as the verifier reads it
     tok, probs = draw(params, logits_row, jax.random.split(kk, b), temperature, top_p, saguaro_c, saguaro_top, cfg)
     return tok, model.scatter_to_vocab(params, probs, cfg)
 
-  tok, q = draw_row(logits[:, 0], keys[0])
+  tok, q = draw_row(g[:, 0], keys[0])
 
   def body(i, carry):
-    cache, toks, qs = carry
-    pos = lengths + i - 1  # slot of draft token i-1 (0-based): x_L sits at L-1
-    s = (pos)[:, None]
-    lg, cache = model.forward(params, toks[:, i - 1][:, None], s, cache, s, causal_mask_info(s), cfg,
-                              attn_impl=attn_impl, platform=platform)
+    cache, carried, toks, qs = carry
+    s = (lengths + i - 1)[:, None]  # slot of draft token i-1 (0-based): x_L sits at L-1
+    lg, carried, cache = kind.step(params, cache, toks[:, i - 1][:, None], _at(carried, None), s, s,
+                                   causal_mask_info(s), **run)
     t, qq = draw_row(lg[:, 0], keys[i])
-    return cache, toks.at[:, i].set(t), qs.at[:, i].set(qq)
+    return cache, _at(carried, 0), toks.at[:, i].set(t), qs.at[:, i].set(qq)
 
   toks = jnp.zeros((b, k), jnp.int32).at[:, 0].set(tok)
   qs = jnp.zeros((b, k, q.shape[-1]), jnp.float32).at[:, 0].set(q)
-  cache, toks, qs = jax.lax.fori_loop(1, k, body, (cache, toks, qs))
+  cache, _, toks, qs = jax.lax.fori_loop(1, k, body, (cache, _at(carried, 0), toks, qs),
+                                          unroll=kind.unroll)
   return toks, qs, cache
 
 
@@ -183,27 +241,24 @@ def tree_lookahead(k: int, fan_out: tuple) -> int:
 
 @functools.partial(jax.jit, static_argnames=("cfg", "k", "fan_out", "attn_impl", "platform", "saguaro_top"),
                    donate_argnames=("cache",))
-def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, top_p, saguaro_c, cfg: ModelConfig,
-               k: int, fan_out: tuple, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
-  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], g, cache), N = sum(fan_out).
+def draft_tree(params, cache: KVCache, hist, window, spec, lengths, key, temperature, top_p, saguaro_c, cfg, k: int,
+               fan_out: tuple, attn_impl: str = "auto", platform: str | None = None, saguaro_top: int = 0):
+  """Returns (cand [B, N], branch_j [N], tree_tokens [B, N, K], tree_q [B, N, K, V_out], g, cache), N = sum(fan_out):
+  the speculation cache of every draft kind, drafted while the target verifies spec [B, K].
 
   tree_q holds each tree token's exact distribution over the draft's output rows (its head vocabulary, where all of
   a draft distribution's mass lies): the speculation cache stores V_out, not V, floats per token, and `serve_q`
   expands only the one speculation a round serves.
 
-  last2: [B, 2] the last two committed tokens (x_{L-1}, x_L); spec: [B, K] the speculation being verified;
-  lengths: [B] L; fan_out: (F_0..F_K) guesses per acceptance length. Static: cfg, k, fan_out (the tree's shape),
-  saguaro_top (Saguaro sampling of the tree tokens: top tokens down-weighted by saguaro_c; 0 = plain sampling).
-  The glue distributions g are also returned, [B, K+1, V_out], for calibration (bonus-token ranks).
+  hist, window, lengths: as in draft_propose; fan_out: (F_0..F_K) guesses per acceptance length. Glue: the kind's
+  linear feed of the window and spec. Branch (j, c) feeds c at position L+j carrying the glue's state after s_j, then
+  its own tokens. Static: cfg (its kind), k, fan_out (the tree's shape), saguaro_top (Saguaro sampling of the tree
+  tokens: top tokens down-weighted by saguaro_c; 0 = plain sampling). The glue distributions g are also returned,
+  [B, K+1, V_out], for calibration (bonus-token ranks).
   """
-  b = last2.shape[0]
-  n = sum(fan_out)
-  # Glue: linear writes of x_{L-1}, x_L, s_1..s_K.
-  toks = jnp.concatenate([last2, spec], axis=1)
-  slots = jnp.maximum(lengths[:, None] - 2 + jnp.arange(k + 2)[None, :], 0)
-  g, cache = model.forward(params, toks, slots, cache, slots, causal_mask_info(slots), cfg,
-                           logit_index=jnp.broadcast_to(1 + jnp.arange(k + 1), (b, k + 1)), attn_impl=attn_impl,
-                           platform=platform)
+  kind, run = draft_kind(cfg), dict(cfg=cfg, attn_impl=attn_impl, platform=platform)
+  b, n = spec.shape[0], sum(fan_out)
+  g, carried, cache = kind.linear(params, cache, hist, window, spec, lengths, **run)
   # Fork: top-F bonus candidates per acceptance length j, the drafted token s_{j+1} excluded for j < K.
   probs_g = sampling.processed_probs(g, 1.0, 1.0)  # ranking only; temperature does not change the order
   cand, branch_j = fork(params, probs_g, spec, cfg, k, fan_out)  # [B, N], [N]
@@ -214,20 +269,21 @@ def draft_tree(params, cache: KVCache, last2, spec, lengths, key, temperature, t
   keys = jax.random.split(key, k)
 
   def step(d, carry):
-    cache, inp, out_t, out_q = carry
+    cache, inp, carried, out_t, out_q = carry
     pos = vis_end + d  # RoPE position of the token fed at depth d: L + j + d
     wslots = tree_start[:, None] + d * n + branch
     mask = MaskInfo(visible_end=vis_end, tree_start=tree_start.astype(jnp.int32), tree_branch=branch,
                     tree_depth=jnp.full((b, n), d, jnp.int32), tree_width=n)
-    lg, cache = model.forward(params, inp, pos, cache, wslots, mask, cfg, attn_impl=attn_impl, platform=platform)
+    lg, carried, cache = kind.step(params, cache, inp, carried, pos, wslots, mask, **run)
     tok, probs = draw(params, lg, jax.random.fold_in(keys[0], d), temperature, top_p, saguaro_c, saguaro_top, cfg)
     out_t = out_t.at[:, :, d].set(tok)
     out_q = out_q.at[:, :, d].set(probs)
-    return cache, tok, out_t, out_q
+    return cache, tok, carried, out_t, out_q
 
   out_t = jnp.zeros((b, n, k), jnp.int32)
   out_q = jnp.zeros((b, n, k, cfg.out_vocab), jnp.float32)
-  cache, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, out_t, out_q))
+  cache, _, _, out_t, out_q = jax.lax.fori_loop(0, k, step, (cache, cand, _at(carried, branch_j), out_t, out_q),
+                                                unroll=kind.unroll)
   return cand, branch_j, out_t, out_q, probs_g, cache
 
 

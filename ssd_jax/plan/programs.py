@@ -104,9 +104,9 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
               (tparams, tcache, zi, toks((b, k), rep), flts((b, k, v), rep), zb, zkey, f, f), tst, 1),
       Program("draft.prefill", "draft", prefill, (dparams, toks((b, t_pad), dsh), di, dcache), dst, 3),
       Program("draft.propose (backup)", "draft", draft_propose,
-              (dparams, dcache, toks((b, 2), dsh), di, dkey, df, df, df), dict(dst, k=k, saguaro_top=0), 1),
+              (dparams, dcache, None, toks((b, 2), dsh), di, dkey, df, df, df), dict(dst, k=k, saguaro_top=0), 1),
       Program("draft.tree (glue+fork+tree)", "draft", draft_tree,
-              (dparams, dcache, toks((b, 2), dsh), toks((b, k), dsh), di, dkey, df, df, df),
+              (dparams, dcache, None, toks((b, 2), dsh), toks((b, k), dsh), di, dkey, df, df, df),
               dict(dst, k=k, fan_out=tuple(fan_out), saguaro_top=0), 1),
       Program("draft.lookup", "draft", lookup, (toks((b, n), dsh), toks((n,), dsh), toks((b, n, k), dsh),
                                                 flts((b, n, k, v_out), dsh), di, di), {}),
@@ -121,7 +121,7 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
     progs.append(Program(f"target.verify (SD, K={sd_k})", "target", verify,
                          (tparams, tcache, zi, toks((b, sd_k), rep), flts((b, sd_k, v), rep), zb, zkey, f, f), tst, 1))
   progs.append(Program(f"sd.draft_propose (K={sd_k}, on the target mesh)", "target", draft_propose,
-                       (sd_dparams, sd_dcache, toks((b, 2), rep), zi, zkey, f, f, f),
+                       (sd_dparams, sd_dcache, None, toks((b, 2), rep), zi, zkey, f, f, f),
                        dict(cfg=dcfg, attn_impl=attn_impl, platform=tst["platform"], k=sd_k, saguaro_top=0), 1,
                        model="draft"))
   dmesh = Mesh(np.asarray([layout.draft]), (TP,))
