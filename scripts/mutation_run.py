@@ -331,8 +331,8 @@ def main(argv=None) -> int:
             "seconds": round(s, 1)}, expected)
   total = time.perf_counter() - t_start
   others = sum(1 for r in rows if r.get("expected") is False and not r["ok"])
-  print(f"{'all caught' if ok else 'NOT ALL CAUGHT'}{f' ({others} survived, as expected at this head)' if others else ''}; "
-        f"{len(chosen)} mutations in {total:.0f}s")
+  note = f" ({others} survived, as expected at this head)" if others else ""
+  print(f"{'all caught' if ok else 'NOT ALL CAUGHT'}{note}; {len(chosen)} mutations in {total:.0f}s")
   return 0 if ok else 1
 
 if __name__ == "__main__":
