@@ -9,9 +9,14 @@ every mutation's text still occurs exactly once, so this list cannot go stale si
   python scripts/mutation_run.py --only NAME...  # some of them; --list names them
   python scripts/mutation_run.py --json-out F    # also write the table as JSON
   python scripts/mutation_run.py --param-dtype bfloat16 --only NAME...  # the tests' V=4 pair in bfloat16
+  python scripts/mutation_run.py --head real -x  # the law tests' pair at a real draft's sizes, first failure only
 
 --param-dtype sets SSD_JAX_TEST_PARAM_DTYPE for the tests: the law tests' tiny pair (tests/test_sd.py v4_pair) is
-cast to it; tests that build their own models keep float32.
+cast to it; tests that build their own models keep float32. --head real sets SSD_JAX_TEST_HEAD=real: the law tests'
+pairs (SD/SSD/AR, EAGLE, SSD's fast backups aside, the draft in its own process) get 49152 ids and a shuffled
+16384-row head with their mass on four ids spread over the range (tests/draft_heads.py); other tests are unchanged.
+Mutations marked for the real head only (an id narrowed to int16) are left out of a tiny run unless --only names
+them, and their survival there does not fail it. The JSON file is rewritten after every row.
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class Mutation:
   new: str
   tests: tuple        # pytest node ids / files, run in the copy; at least one must fail
   bug: str            # what the mutation does, in words
+  heads: tuple = ("tiny", "real")  # the test heads (SSD_JAX_TEST_HEAD) that must catch it
 
 
 MUTATIONS = [
@@ -225,6 +231,18 @@ MUTATIONS = [
              "if target_cfg.head_vocab is not None:", "if False:",
              ("tests/test_sd.py::test_a_target_with_a_reduced_head_is_rejected",),
              "check_pair lets a target with a reduced head through (verify reads p by token id)"),
+    # Only at a real vocabulary's size: ids above int16's 32767 (the tiny pair's ids are all below 4).
+    Mutation("draft_ids_through_int16", "ssd_jax/decode/steps.py",
+             "  return model.to_token_ids(params, tok, cfg), probs",
+             "  return model.to_token_ids(params, tok, cfg).astype(jnp.int16).astype(jnp.int32), probs",
+             (f"{LAW}::test_sampled_decoding_follows_the_numpy_law[sd-1.0-1.0]", SSD_LAW,
+              EAGLE_LAW + "[ssd-neural-1.0-1.0]"),
+             "every draft kind's drafted token ids pass through int16 (ids above 32767 wrap)", ("real",)),
+    Mutation("compact_q_by_int16_ids", "ssd_jax/decode/steps.py",
+             "return q[..., head_ids]", "return q[..., head_ids.astype(jnp.int16)]",
+             (SSD_LAW, PROCESS_LAW),
+             "q compacted to the draft's head (pipe, served backup) is gathered by head ids narrowed to int16",
+             ("real",)),
 ]
 
 
@@ -244,13 +262,15 @@ def apply(dest: str, m: Mutation) -> None:
   open(path, "w").write(text.replace(m.old, m.new))
 
 
-def run_tests(dest: str, tests, param_dtype: str = "float32") -> tuple[int, list[str], float]:
+def run_tests(dest: str, tests, param_dtype: str = "float32", head: str = "tiny",
+              exitfirst: bool = False) -> tuple[int, list[str], float]:
   """Returns (pytest's exit code, the failed test ids, seconds) for `tests` run in the copy at dest, the law tests'
-  pair in `param_dtype`."""
-  env = dict(os.environ, PYTHONPATH=dest, PYTHONDONTWRITEBYTECODE="1", SSD_JAX_TEST_PARAM_DTYPE=param_dtype)
+  pair in `param_dtype` at `head` size (SSD_JAX_TEST_HEAD); `exitfirst`: stop at the first failure."""
+  env = dict(os.environ, PYTHONPATH=dest, PYTHONDONTWRITEBYTECODE="1", SSD_JAX_TEST_PARAM_DTYPE=param_dtype,
+             SSD_JAX_TEST_HEAD=head)
   t0 = time.perf_counter()
-  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *tests], cwd=dest,
-                       env=env, capture_output=True, text=True)
+  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if exitfirst
+                        else []), *tests], cwd=dest, env=env, capture_output=True, text=True)
   failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out.stdout, re.M)))
   if out.returncode not in (0, 1):  # collection error, usage error, crash: no test verdict
     failed = failed or [f"pytest exit {out.returncode}: {out.stdout.strip().splitlines()[-1:]}"]
@@ -265,6 +285,10 @@ def main(argv=None) -> int:
   ap.add_argument("--json-out", help="write the table here as JSON")
   ap.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                   help="the floating params of the law tests' tiny pair (SSD_JAX_TEST_PARAM_DTYPE)")
+  ap.add_argument("--head", default="tiny", choices=["tiny", "real"],
+                  help="the law tests' pair: V=4 (tiny) or 49152 ids with a 16384-row head (SSD_JAX_TEST_HEAD)")
+  ap.add_argument("-x", "--exitfirst", action="store_true",
+                  help="stop each mutant's tests at its first failure (the unmutated copy runs them all)")
   args = ap.parse_args(argv)
   if args.list:
     for m in MUTATIONS:
@@ -277,33 +301,44 @@ def main(argv=None) -> int:
       print(f"unknown mutation(s): {', '.join(sorted(unknown))} (--list names them)", file=sys.stderr)
       return 2
     chosen = [m for m in MUTATIONS if m.name in args.only]
+  else:
+    chosen = [m for m in MUTATIONS if args.head in m.heads]
   t_start = time.perf_counter()
   rows, ok = [], True
+  settings = dict(param_dtype=args.param_dtype, head=args.head)
+
+  def record(row: dict, counts: bool) -> None:
+    nonlocal ok
+    rows.append(row)
+    ok &= row["ok"] or not counts
+    if args.json_out:  # rewritten after every row: a long run's rows so far survive it being stopped
+      with open(args.json_out, "w") as f:
+        json.dump({"ok": ok, **settings, "seconds": round(time.perf_counter() - t_start, 1), "rows": rows}, f,
+                  indent=1)
+
   if not args.no_baseline:
     tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
     with tempfile.TemporaryDirectory(prefix="mutation-base-") as d:
       copy_tree(d)
-      rc, failed, s = run_tests(d, tests, args.param_dtype)
+      rc, failed, s = run_tests(d, tests, **settings)
     print(f"{'(unmutated)':38s} {'passes' if rc == 0 else 'FAILS'} in {s:.0f}s {' '.join(failed)}", flush=True)
-    rows.append({"name": "(unmutated)", "caught_by": failed, "ok": rc == 0, "seconds": round(s, 1)})
-    ok &= rc == 0
+    record({"name": "(unmutated)", "caught_by": failed, "ok": rc == 0, "seconds": round(s, 1)}, True)
   for m in chosen:
     with tempfile.TemporaryDirectory(prefix=f"mutation-{m.name}-") as d:
       copy_tree(d)
       apply(d, m)
-      rc, failed, s = run_tests(d, m.tests, args.param_dtype)
+      rc, failed, s = run_tests(d, m.tests, **settings, exitfirst=args.exitfirst)
     caught = rc != 0 and bool(failed)
-    ok &= caught
-    print(f"{m.name:38s} {'caught' if caught else 'SURVIVED'} in {s:.0f}s by {' '.join(failed) or '-'}", flush=True)
-    rows.append({"name": m.name, "file": m.file, "bug": m.bug, "caught_by": failed, "ok": caught,
-                 "seconds": round(s, 1)})
+    expected = args.head in m.heads
+    verdict = "caught" if caught else "SURVIVED" if expected else f"survived (caught only at {'/'.join(m.heads)})"
+    print(f"{m.name:38s} {verdict} in {s:.0f}s by {' '.join(failed) or '-'}", flush=True)
+    record({"name": m.name, "file": m.file, "bug": m.bug, "caught_by": failed, "ok": caught, "expected": expected,
+            "seconds": round(s, 1)}, expected)
   total = time.perf_counter() - t_start
-  print(f"{'all caught' if ok else 'NOT ALL CAUGHT'}; {len(chosen)} mutations in {total:.0f}s")
-  if args.json_out:
-    with open(args.json_out, "w") as f:
-      json.dump({"ok": ok, "param_dtype": args.param_dtype, "seconds": round(total, 1), "rows": rows}, f, indent=1)
+  others = sum(1 for r in rows if r.get("expected") is False and not r["ok"])
+  note = f" ({others} survived, as expected at this head)" if others else ""
+  print(f"{'all caught' if ok else 'NOT ALL CAUGHT'}{note}; {len(chosen)} mutations in {total:.0f}s")
   return 0 if ok else 1
-
 
 if __name__ == "__main__":
   sys.exit(main())

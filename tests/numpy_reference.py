@@ -118,17 +118,22 @@ def saguaro_law(probs, c, n_top):
   return probs / probs.sum(-1, keepdims=True)
 
 
-def joint_law(params, cfg, prompt, n, temperature, top_p):
+def joint_law(params, cfg, prompt, n, temperature, top_p, support=None):
   """Returns the target's exact law of its first n sampled tokens after `prompt`, float64 [V] * n.
 
   temperature and top_p are numbers, or one per token (the law a decoder that mixes them up would follow).
+  support: token ids that hold all the law's mass (tests/draft_heads.concentrate's); the law is then over them,
+  [len(support)] * n, and every law on the way is checked to put no more than 1e-12 outside them.
   """
-  v = cfg.vocab_size
+  ids = np.arange(cfg.vocab_size) if support is None else np.asarray(support)
+  v = len(ids)
   temps, tops = (np.broadcast_to(np.asarray(x, np.float64), (n,)) for x in (temperature, top_p))
   law = np.zeros((v,) * n)
   for seq in np.ndindex(*(v,) * (n - 1)):
-    logits = forward(params, list(prompt) + list(seq), cfg)
+    logits = forward(params, list(prompt) + ids[list(seq)].tolist(), cfg)
     probs = [sampling_law(logits[len(prompt) - 1 + i], temps[i], tops[i]) for i in range(n)]
+    assert all(1 - p[ids].sum() <= 1e-12 for p in probs), "mass outside the support"
+    probs = [p[ids] for p in probs]
     pre = 1.0
     for i, t in enumerate(seq):
       pre *= probs[i][t]

@@ -11,7 +11,8 @@ from ssd_jax import checkpoints, model
 from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 
-from draft_heads import V4_HEAD, restrict_head
+from draft_heads import (LAW_ROWS, LIVE, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, cells, concentrate, generate, live,
+                         padded, real_head_ids, restrict_head)
 
 
 def _perturbed(params, scale, seed):
@@ -27,15 +28,21 @@ def _perturbed(params, scale, seed):
 TEST_PARAM_DTYPE = os.environ.get("SSD_JAX_TEST_PARAM_DTYPE", "float32")
 
 
-def v4_pair(dtype: str | None = None):
+def v4_pair(dtype: str | None = None, real: bool = REAL):
   """Returns (cfg, target params, draft cfg, draft params): a V=4 target and a draft noticeably different from it,
   for the laws at T > 0. Untied embeddings: with tied ones a tiny model repeats its last token with probability
   ~0.99, and a law that peaked leaves a test little to see. The draft's head is draft_heads.V4_HEAD (shuffled, token 1
-  left out), as a trained draft's is not a prefix of the vocabulary. dtype: the floating params' (None:
-  TEST_PARAM_DTYPE), cast after the draft is drawn, so both dtypes decode the same pair up to rounding."""
-  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
+  left out), as a trained draft's is not a prefix of the vocabulary. real (SSD_JAX_TEST_HEAD=real): the pair at a real
+  draft's sizes, vocabulary 49152 and draft_heads.real_head_ids(), its mass on draft_heads.LIVE (token t is LIVE[t]).
+  dtype: the floating params' (None: TEST_PARAM_DTYPE), cast after the draft is drawn, so both dtypes decode the same
+  pair up to rounding."""
+  cfg = tiny_config(vocab_size=REAL_VOCAB if real else 4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
-  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.3, 5), V4_HEAD)
+  if not real:
+    dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.3, 5), V4_HEAD)
+  else:
+    tp = concentrate(tp, REAL_LIVE)
+    dcfg, dp = restrict_head(cfg, concentrate(_perturbed(tp, 0.3, 5), REAL_LIVE), real_head_ids())
   dt = dtype or TEST_PARAM_DTYPE
   return cfg, checkpoints.cast_params(tp, dt), dcfg, checkpoints.cast_params(dp, dt)
 
@@ -120,28 +127,27 @@ def test_sd_temperature_one_matches_target_joint_distribution():
   three tokens is enumerated from full forwards. Chi-square over the 64 cells at false-alarm rate 1e-4.
   """
   cfg, tp, dcfg, dp = v4_pair()
-  prompt = [1, 2, 0]
-  n = 3000
-  res = SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)).generate(
-      [prompt] * n, DecodeOptions(max_new_tokens=3, temperature=1.0, ignore_eos=True, seed=3))
+  prompt = live([1, 2, 0])
+  n = LAW_ROWS
+  res = generate(SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)),
+                 [prompt] * n, DecodeOptions(max_new_tokens=3, temperature=1.0, ignore_eos=True, seed=3))
   seqs = np.asarray([r.token_ids for r in res])
   assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   assert_joint_matches_target(seqs, tp, cfg, prompt)
 
 
-def assert_joint_matches_target(seqs, tp, cfg, prompt, alpha=1e-4):
-  """Chi-square test of the empirical joint of the first three tokens against the target's exact joint."""
+def assert_joint_matches_target(seqs, tp, cfg, prompt, alpha=1e-4, ids=LIVE):
+  """Chi-square test of the empirical joint of the first three tokens (ids) against the target's exact joint over
+  draft_heads.LIVE (the whole vocabulary of the tiny pair)."""
   from test_rejection_sampler import _chi2_pvalue
-  v = cfg.vocab_size
-  counts = np.zeros((v, v, v))
-  for a, b, c in seqs:
-    counts[a, b, c] += 1
+  v = len(ids)
   probs = np.zeros((v, v, v))
   for a, b in itertools.product(range(v), range(v)):
-    lg = np.asarray(jax.nn.softmax(model.forward_full(tp, jnp.asarray([prompt + [a, b]]), cfg)[0], -1))
+    seq = jnp.asarray([prompt + [ids[a], ids[b]]])
+    lg = np.asarray(jax.nn.softmax(model.forward_full(tp, seq, cfg)[0], -1))[:, list(ids)]
     probs[a, b, :] = lg[len(prompt) - 1, a] * lg[len(prompt), b] * lg[len(prompt) + 1]
-  assert abs(probs.sum() - 1) < 1e-4
-  assert _chi2_pvalue(counts.ravel(), probs.ravel()) > alpha
+  assert abs(probs.sum() - 1) < 1e-4  # all the mass on LIVE (draft_heads.concentrate under the real head)
+  assert _chi2_pvalue(cells(seqs, ids=ids).ravel(), padded(probs).ravel()) > alpha
 
 
 def test_sd_bad_input(pair):

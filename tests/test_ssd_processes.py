@@ -11,7 +11,8 @@ from ssd_jax.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.decode.draft_process import split_cores
 
-from draft_heads import V4_HEAD, restrict_head
+from draft_heads import (LAW_ROWS, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, concentrate, generate, live, real_head_ids,
+                         restrict_head)
 from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
@@ -66,13 +67,18 @@ def test_split_temperature_one_matches_target_joint_distribution():
   """Hits, neural-backup misses, and q compacted to the draft's head for the pipe and scattered back on the target's
   side: still the target's distribution. The head is draft_heads.V4_HEAD (shuffled, token 1 left out: only the
   residual emits it), so a row taken for a token id on either side of the pipe changes the law."""
-  cfg = tiny_config(vocab_size=4, d_model=16, head_dim=4, ffn_dim=24)
+  cfg = tiny_config(vocab_size=REAL_VOCAB if REAL else 4, d_model=16, head_dim=4, ffn_dim=24,
+                    tie_embeddings=not REAL)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
-  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.5, 5), V4_HEAD)
-  prompt = [1, 2, 0]
+  if REAL:  # draft_heads: 49152 ids, a shuffled 16384-row head, the mass on LIVE (untied: concentrate's LM head)
+    tp = concentrate(tp, REAL_LIVE)
+    dcfg, dp = restrict_head(cfg, concentrate(_perturbed(tp, 0.5, 5), REAL_LIVE), real_head_ids())
+  else:
+    dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.5, 5), V4_HEAD)
+  prompt = live([1, 2, 0])
   dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=1, placement="processes"))
   try:
-    res = dec.generate([prompt] * 3000, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
+    res = generate(dec, [prompt] * LAW_ROWS, DecodeOptions(max_new_tokens=4, temperature=1.0, ignore_eos=True, seed=4))
   finally:
     dec.close()
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
