@@ -196,7 +196,7 @@ def target_gguf(args) -> str | None:
   if args.target.endswith(".gguf"):
     return args.target
   if args.target in _GGUF_TARGETS:
-    from ssd_jax import checkpoints
+    from ssd_jax.models import checkpoints
     return checkpoints.locate_smollm2_gguf()
   return None
 
@@ -240,7 +240,7 @@ def llamacpp_beside(result, args, variants) -> str:
 
 def read_prompt_sets(args) -> dict[str, list[str]]:
   """Returns {dataset: prompts}: --prompts FILE (one set named after the file) or the --datasets."""
-  from ssd_jax import datasets
+  from ssd_jax.data import datasets
 
   if args.prompts:
     name = os.path.splitext(os.path.basename(args.prompts))[0]
@@ -407,7 +407,7 @@ def calibrate(args, modes) -> int:
   """--calibrate: measures the step costs k='auto' chooses K from, caches them for this machine and pair, and prints
   the K each batch size then gets and the speedups the model expects."""
   from ssd_jax.decode import auto_k
-  from ssd_jax.fan_out import CALIBRATION_FILE, read_calibration
+  from ssd_jax.theory.fan_out import CALIBRATION_FILE, read_calibration
 
   pipe = load_pipe(args, ["sd"])
   costs = auto_k.measure(pipe.target, pipe.draft, log=lambda m: print(m, flush=True))
@@ -431,7 +431,8 @@ def print_verify_cost(args) -> int:
   format (float32, and --quantize's when it is another: the same forward at the bytes of each format), with the CPU,
   the weight bytes each forward reads, the bandwidth that achieves and (--bandwidth) one core's streaming bandwidth,
   so a reader sees the distance to the limit."""
-  from ssd_jax import api, blocks
+  from ssd_jax import api
+  from ssd_jax.models import blocks
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   print(f"CPU: {cpu_model()} ({cores} usable cores)")
   quantize = api.resolve_weights(args.quantize, args.target, args.target_devices)

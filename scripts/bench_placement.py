@@ -48,8 +48,8 @@ def load_pair(args):
   if args.tiny:
     import jax
 
-    from ssd_jax import model
-    from ssd_jax.config import tiny_config
+    from ssd_jax.models import model
+    from ssd_jax.models.config import tiny_config
 
     cfg = tiny_config(vocab_size=512, n_heads=4, n_kv_heads=4)
     tp = model.init_params(jax.random.key(0), cfg, scale=0.3)

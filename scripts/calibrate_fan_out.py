@@ -37,9 +37,11 @@ def main(argv=None):
   args = parse_args(argv)
   if args.num_prompts < 1 or args.max_new_tokens < 2:
     fail("--num-prompts must be >= 1 and --max-new-tokens >= 2")
-  from ssd_jax import api, checkpoints, datasets
+  from ssd_jax import api
+  from ssd_jax.data import datasets
   from ssd_jax.decode import DecodeOptions, SpecOptions, SSDDecoder
-  from ssd_jax.fan_out import CALIBRATION_FILE, fit_power_law
+  from ssd_jax.models import checkpoints
+  from ssd_jax.theory.fan_out import CALIBRATION_FILE, fit_power_law
 
   pipe = api.load(draft=args.draft)
   if pipe.draft is None:

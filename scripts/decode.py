@@ -117,7 +117,7 @@ def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
 
 def read_prompts(args) -> list[str]:
   if args.prompts:
-    from ssd_jax.datasets import load_prompt_file
+    from ssd_jax.data.datasets import load_prompt_file
     return load_prompt_file(args.prompts)  # bad files raise DataError: one line, exit code 2
   prompts = args.prompt or [DEFAULT_PROMPT]
   if any(not p.strip() for p in prompts):
@@ -135,7 +135,7 @@ def ignored_options(args, mode: str) -> list[str]:
 def check_template(args, switches: dict) -> None:
   """Fails, before any weights are read, when a model directory's chat template does not parse, is missing (and
   --raw is not given) or lacks a switch asked for."""
-  from ssd_jax.tokenizer import TextTokenizer
+  from ssd_jax.models.tokenizer import TextTokenizer
 
   if not args.raw and os.path.isfile(os.path.join(args.target, "tokenizer.json")):
     TextTokenizer.from_dir(args.target).chat_prompt("Hi", **switches)  # one line: TemplateError / TokenizerError
@@ -143,7 +143,7 @@ def check_template(args, switches: dict) -> None:
 
 def check_calibration(args, draft_path: str | None) -> None:
   """Fails unless the draft has a well-formed fan-out calibration (the library reads it for geometric fan-out)."""
-  from ssd_jax.fan_out import CALIBRATION_FILE, read_calibration
+  from ssd_jax.theory.fan_out import CALIBRATION_FILE, read_calibration
 
   if draft_path is None:
     fail("--fan-out-strategy geometric reads the draft's fan-out calibration, but no draft is loaded "

@@ -8,12 +8,13 @@ greedily; then, at every answer position, with both models reading the same text
   greedy alpha  = P(draft argmax == target argmax)
   alpha at T=1  = E[sum_x min(p(x), q(x))], the probability that speculative sampling accepts a draft token
 and the expected tokens per target forward for K = 2..8 under the i.i.d. model (1 - alpha^(K+1)) / (1 - alpha).
-Greedy SD and SSD rounds are also replayed exactly from the draft's rank of each target token (ssd_jax.acceptance):
-tokens per target forward, acceptance per drafted token, and the SSD cache hit rate at --fan-out, for K = 1..8; the
-figures `scripts/bench.py` measures at temperature 0, without running the decoders. --fan-out-strategy geometric
-spends the same budget (K+1) F as the draft's calibration file allocates it (Theorem 12), so the two can be compared.
-It also reports the draft's cost per token against the target's: one compiled decode step of each at batch 1 after
-a 300-token cache, timed interleaved (median ms), and the weight-matrix multiply-accumulates per token.
+Greedy SD and SSD rounds are also replayed exactly from the draft's rank of each target token
+(ssd_jax.theory.acceptance): tokens per target forward, acceptance per drafted token, and the SSD cache hit rate at
+--fan-out, for K = 1..8; the figures `scripts/bench.py` measures at temperature 0, without running the decoders.
+--fan-out-strategy geometric spends the same budget (K+1) F as the draft's calibration file allocates it (Theorem 12),
+so the two can be compared. It also reports the draft's cost per token against the target's: one compiled decode step of
+each at batch 1 after a 300-token cache, timed interleaved (median ms), and the weight-matrix multiply-accumulates per
+token.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import sys
 
 from ssd_jax.cli_util import fail, run_main
 from ssd_jax.decode.options import FAN_OUT_STRATEGIES
-from ssd_jax.timing_model import expected_tokens
+from ssd_jax.theory.timing_model import expected_tokens
 
 
 def parse_args(argv=None):
@@ -46,7 +47,8 @@ def main(argv=None):
   args = parse_args(argv)
   if min(args.num_prompts, args.max_new_tokens, args.fan_out) < 1:
     fail("--num-prompts, --max-new-tokens and --fan-out must be >= 1")
-  from ssd_jax import acceptance, datasets
+  from ssd_jax.data import datasets
+  from ssd_jax.theory import acceptance
 
   pipe, dcfg, dparams, fan_outs = load_pair(args)
   tcfg, tparams = pipe.target.cfg, pipe.target.params
@@ -83,13 +85,14 @@ def main(argv=None):
 def load_pair(args):
   """Returns (the target's pipeline, the draft's config and params (an EAGLE draft's with the target attached), the
   fan-out at every K = 1..8)."""
-  from ssd_jax import api, checkpoints
+  from ssd_jax import api
+  from ssd_jax.models import checkpoints
 
   pipe = api.load(draft=None)
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
   fan_outs = {k: (args.fan_out,) * (k + 1) for k in range(1, 9)}
   if args.fan_out_strategy == "geometric":
-    from ssd_jax.fan_out import calibrated_geometric
+    from ssd_jax.theory.fan_out import calibrated_geometric
     calib = os.path.join(checkpoints.resolve_model_dir(args.draft), "fan_out_calibration.json")
     try:
       fan_outs = {k: calibrated_geometric(calib, k, (k + 1) * args.fan_out, 0.0) for k in fan_outs}
@@ -98,7 +101,7 @@ def load_pair(args):
   if dcfg.vocab_size != pipe.target.cfg.vocab_size:
     fail("draft and target vocabularies differ")
   if getattr(dcfg, "kind", None) == "eagle":
-    from ssd_jax import eagle
+    from ssd_jax.models import eagle
     dparams = eagle.attach_target(dparams, pipe.target.params)
   return pipe, dcfg, dparams, fan_outs
 
@@ -109,7 +112,7 @@ def make_stats(tcfg, dcfg):
   import jax
   import jax.numpy as jnp
 
-  from ssd_jax import model
+  from ssd_jax.models import model
 
   @jax.jit
   def stats(tp, dp, tokens):
@@ -144,7 +147,7 @@ def step_cost(tcfg, tparams, dcfg, dparams, is_eagle: bool) -> dict:
   draft_step = compiled_eagle_step(dcfg, dparams) if is_eagle else compiled_step(dcfg, dparams)
   step_ms = interleaved_ms({"target": compiled_step(tcfg, tparams), "draft": draft_step})
   if is_eagle:
-    from ssd_jax import eagle
+    from ssd_jax.models import eagle
     d_macs = eagle.macs_per_token(dcfg, fused=False)
   else:
     d_macs = macs_per_token(dcfg)
@@ -235,7 +238,7 @@ def eagle_set_report(pipe, tparams, tcfg, dparams, dcfg, prompts, answers, fan_o
   greedy SD (K = 1..8) and SSD (K = 1..4) rounds."""
   import numpy as np
 
-  from ssd_jax import acceptance
+  from ssd_jax.theory import acceptance
   from ssd_jax.training.eagle_eval import answer_stats
   r_top = max(max(f) for f in fan_outs.values()) + 1
   tops, t1s, targets = [], [], []

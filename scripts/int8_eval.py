@@ -21,8 +21,10 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax import api, blocks, checkpoints, datasets, model, quant
+from ssd_jax import api
+from ssd_jax.data import datasets
 from ssd_jax.decode import ARDecoder, DecodeOptions
+from ssd_jax.models import blocks, checkpoints, model, quant
 
 
 def nll(params, cfg, ids) -> tuple[float, int]:

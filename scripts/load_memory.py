@@ -3,8 +3,8 @@ dtype) against the whole-model reader widened to float32 (how every load worked 
 
   PYTHONPATH=. python scripts/load_memory.py --model llama-3.2-1b --layers 2 --devices 4
 
-Writes a random bfloat16 model with the named model's real widths, heads and vocabulary (ssd_jax.named_configs) at
---layers depth into --dir, then loads it in a fresh process per method (ru_maxrss is a process's peak) over
+Writes a random bfloat16 model with the named model's real widths, heads and vocabulary (ssd_jax.models.named_configs)
+at --layers depth into --dir, then loads it in a fresh process per method (ru_maxrss is a process's peak) over
 --devices forced CPU devices, and prints a markdown table. On a CPU, device memory is host memory: the sharded
 load's peak is the model itself (bytes on the devices) plus what loading adds, which is the figure to read.
 """
@@ -26,10 +26,10 @@ path, method = sys.argv[1], sys.argv[2]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 mesh = Mesh(np.asarray(jax.devices()[:int(sys.argv[3])]), ("tp",))
 if method == "sharded":
-  from ssd_jax.sharded_load import load_hf_sharded
+  from ssd_jax.models.sharded_load import load_hf_sharded
   cfg, params = load_hf_sharded(path, mesh, dtype="bfloat16")
 else:  # the loader before issue 42: the whole model read, widened to float32 on the host, then placed
-  from ssd_jax.model_files import read_hf_safetensors
+  from ssd_jax.models.model_files import read_hf_safetensors
   from ssd_jax.sharding import Placement
   cfg, params = read_hf_safetensors(path, progress=False)
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
@@ -44,7 +44,7 @@ print(json.dumps({"method": method, "peak_kb": resource.getrusage(resource.RUSAG
 def write_model(directory: str, name: str, layers: int) -> tuple[int, int]:
   """Writes config.json and model.safetensors (bfloat16, random: named_configs.write_random_hf) tensor by tensor;
   returns (params, file bytes)."""
-  from ssd_jax.named_configs import named_config, write_random_hf
+  from ssd_jax.models.named_configs import named_config, write_random_hf
 
   n = write_random_hf(directory, named_config(name, n_layers=layers))
   return n, os.path.getsize(os.path.join(directory, "model.safetensors"))
@@ -52,7 +52,7 @@ def write_model(directory: str, name: str, layers: int) -> tuple[int, int]:
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--model", default="llama-3.2-1b", help="a name from ssd_jax.named_configs (Llama family)")
+  ap.add_argument("--model", default="llama-3.2-1b", help="a name from ssd_jax.models.named_configs (Llama family)")
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--devices", type=int, default=4)
   ap.add_argument("--methods", default="sharded,whole-float32")

@@ -163,7 +163,7 @@ def build_all(out_dir: str) -> None:
 def compare(a_dir: str, b_dir: str) -> list[str]:
   """Returns the differences between two fixture trees (arrays compared by value, JSON by content)."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from ssd_jax.model_files import read_safetensors
+  from ssd_jax.models.model_files import read_safetensors
 
   diffs = []
   rel = lambda root: sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "**", "*"), recursive=True)

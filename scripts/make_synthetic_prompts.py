@@ -5,7 +5,7 @@ writing tasks) as JSONL.
   python scripts/make_synthetic_prompts.py --out checkpoints/draft-train-tc/synthetic_prompts.jsonl
   python scripts/make_target_corpus.py --prompts-file checkpoints/draft-train-tc/synthetic_prompts.jsonl --out DIR
 
-The sources are the standard library's documented functions and templates written in `ssd_jax/synthetic.py`; no
+The sources are the standard library's documented functions and templates written in `ssd_jax/data/synthetic.py`; no
 benchmark or held-out prompt set is read. One {"prompt", "kind"} object per line, the kinds interleaved.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main(argv=None):
   counts = (args.code, args.math, args.instructions, args.questions, args.writing)
   if min(counts) < 0 or sum(counts) == 0:
     fail("--code, --math, --instructions, --questions and --writing must be >= 0, and not all 0")
-  from ssd_jax import synthetic
+  from ssd_jax.data import synthetic
 
   recs = synthetic.synthetic_prompts(args.code, args.math, args.instructions, args.seed, args.questions,
                                      args.writing)

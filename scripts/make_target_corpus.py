@@ -57,7 +57,9 @@ def main(argv=None):
   import numpy as np
   from tqdm.auto import tqdm
 
-  from ssd_jax import api, checkpoints, datasets
+  from ssd_jax import api
+  from ssd_jax.data import datasets
+  from ssd_jax.models import checkpoints
 
   # The prompts first: a bad --prompts-file or an exhausted ShareGPT range fails before the target is loaded.
   if args.tiny:

@@ -46,9 +46,9 @@ def time_steps(cfg, dtype, context: int, t_max: int, reps: int, attn: str) -> di
   """Returns {T: median seconds} of one forward of T new tokens after `context` cached ones, T = 1..t_max."""
   import jax
   import jax.numpy as jnp
-  from ssd_jax import model
+  from ssd_jax.models import model
   from ssd_jax.kernels.platform import device_platform
-  from ssd_jax.kv_cache import KVCache, round_slots
+  from ssd_jax.models.kv_cache import KVCache, round_slots
 
   platform = device_platform(jax.devices()[0])
   params = jax.jit(model.init_params, static_argnums=(1, 2))(jax.random.key(0), cfg, jnp.dtype(dtype))

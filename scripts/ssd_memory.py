@@ -28,7 +28,8 @@ def main(argv=None):
   if min(args.batch, args.k, args.fan_out, args.max_new_tokens) < 1:
     fail("--batch, --k, --fan-out and --max-new-tokens must be >= 1")
   split_cpu(2)
-  from ssd_jax import api, datasets
+  from ssd_jax import api
+  from ssd_jax.data import datasets
 
   pipe = api.load(ssd_placement="devices")  # the tree in this process, where its peak RSS is measured
   if pipe.draft is None:

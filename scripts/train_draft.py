@@ -83,7 +83,7 @@ def parse_args(argv=None):
 
 def draft_run(args):
   """Returns the DraftRun the flags describe (checked: bad flags raise ValueError with one line)."""
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   from ssd_jax.training.draft_loop import DRAFT_RECIPE, TINY_RECIPE, DraftRun
   from ssd_jax.training.draft_step import TrainConfig
 
@@ -109,7 +109,7 @@ def draft_run(args):
 def main(argv=None):
   args = parse_args(argv)
   run = draft_run(args)
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   from ssd_jax.training.draft_loop import Target, train
 
   target_dir = checkpoints.resolve_model_dir(args.target)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train an EAGLE-3 draft (ssd_jax/eagle.py) on the target's own features, with self-conditioned rollouts.
+"""Train an EAGLE-3 draft (ssd_jax/models/eagle.py) on the target's own features, with self-conditioned rollouts.
 
   python scripts/train_eagle.py --out checkpoints/eagle-smollm2          # features (once), then training
 
@@ -76,8 +76,8 @@ def main(argv=None):
                   ("--steps", args.steps), ("--feature-rows", args.feature_rows), ("--head-vocab", args.head_vocab), ("--eval-windows", args.eval_windows)):
     if v < 1:
       fail(f"{name} must be >= 1, got {v}")
-  from ssd_jax import checkpoints
-  from ssd_jax.eagle import default_feature_layers
+  from ssd_jax.models import checkpoints
+  from ssd_jax.models.eagle import default_feature_layers
   from ssd_jax.training import features
 
   tcfg, tparams, _ = checkpoints.load_model(args.target)

@@ -2,7 +2,7 @@
 """Issue 42's bar at real widths: a 2-layer model with Llama-3.1-70B's widths, heads and vocabulary, random bfloat16
 weights written as safetensors, loaded sharded onto a 4-device target mesh with a 2-layer Llama-3.2-1B-shaped
 bfloat16 draft on a fifth device; greedy SSD must emit exactly AR's tokens on that placement, and every token must
-pass the teacher-forced check (ssd_jax/exactness.py) against the target on one device, whose own AR tokens are
+pass the teacher-forced check (ssd_jax/theory/exactness.py) against the target on one device, whose own AR tokens are
 compared too.
 
   nice -n 5 env PYTHONPATH=. python scripts/wide_ssd_check.py --dir /tmp   # ~8.4 GB on disk, ~13 GB of memory
@@ -43,7 +43,8 @@ def decode_check(target_dir: str, draft_dir: str, prompts, new_tokens: int = 8, 
   import numpy as np
   from jax.sharding import Mesh
 
-  from ssd_jax import checkpoints, exactness
+  from ssd_jax.models import checkpoints
+  from ssd_jax.theory import exactness
   from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
   from ssd_jax.sharding import make_placement
 
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
   ap.add_argument("--json-out")
   args = ap.parse_args(argv)
   split_cpu(5)
-  from ssd_jax.named_configs import named_config, write_random_hf
+  from ssd_jax.models.named_configs import named_config, write_random_hf
 
   with tempfile.TemporaryDirectory(dir=args.dir) as d:
     tdir, ddir = os.path.join(d, "target"), os.path.join(d, "draft")

@@ -19,14 +19,15 @@ from typing import Callable, Sequence
 import numpy as np
 from jax.sharding import Mesh
 
-from . import checkpoints, defaults, drafts, quant
-from .config import ModelConfig
+from . import defaults
+from .models import checkpoints, drafts, quant
+from .models.config import ModelConfig
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
-from .fan_out import CALIBRATION_FILE, read_calibration
+from .theory.fan_out import CALIBRATION_FILE, read_calibration
 from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
 from .settings import MODES, SSD_PLACEMENTS, WEIGHTS, LoadSettings, check_batch_size, check_mode
 from .sharding import Placement, make_placement
-from .tokenizer import TextTokenizer
+from .models.tokenizer import TextTokenizer
 
 __all__ = ["Generation", "LoadPlan", "LoadSettings", "LoadedModel", "MODES", "Pipeline", "Run", "SSD_PLACEMENTS",
            "WEIGHTS", "draft_dir", "load", "load_prepared", "load_tiny", "prepare", "resolve_weights"]
@@ -228,7 +229,7 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft; a path: our
   checkpoint (a trained standalone or EAGLE draft) or any model of the supported families (a GGUF file or a Hugging
-  Face directory) that shares the target's tokenizer, checked before any weight is read (ssd_jax/drafts.py).
+  Face directory) that shares the target's tokenizer, checked before any weight is read (ssd_jax/models/drafts.py).
   draft_head_vocab: N cuts a full-vocabulary standalone draft's head to N tokens at load, the special and
   end-of-sequence ones and then the most frequent by draft_head_counts (one count per token id; None: the
   tokenizer's id order, drafts.choose_head); exactness is unchanged.
@@ -247,9 +248,9 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   run the reference attention, the CPU kernel taking float32 only). The draft's cache is float32 whatever is set.
   weights: 'auto' (the default: 'gguf' for a GGUF target, the SmolLM2 one included, on one CPU device, else 'full'),
   'full' (as loaded), 'int8' (the target's layer matrices weight-only int8 per output channel:
-  ssd_jax/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from the
-  file: ssd_jax/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its format.
-  Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
+  ssd_jax/models/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from
+  the file: ssd_jax/models/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its
+  format. Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
   devices, the draft and its tokenizer (`prepare`), and that the params fit in memory (`LoadPlan.check_memory`).
   """
   plan = prepare(target, draft, attn_impl, target_devices, draft_devices, ssd_placement, dtype, weights,
@@ -273,7 +274,7 @@ def load_prepared(plan: LoadPlan, draft_head_counts=None) -> Pipeline:
   if path is not None:
     mesh = Mesh(np.asarray([placement.draft_device]), ("tp",))
     if getattr(dcfg, "kind", None) == "eagle":  # an EAGLE draft reads with the target's embedding and head
-      from .eagle import attach_target, check_target
+      from .models.eagle import attach_target, check_target
       dcfg, dparams, _ = checkpoints.load_model(path, dtype, mesh=mesh)
       check_target(dcfg, tcfg)
       dparams = attach_target(dparams, tparams)
@@ -291,7 +292,7 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
   The target is a 2-layer d32 Llama over the 259-token vocabulary of `byte_level_tokenizer`. The draft is the same
   network with a reduced vocabulary that leaves out the Latin-1 bytes (as the shipped draft leaves out rare tokens),
   so it agrees with the target wherever the text avoids them: drafts get accepted, SSD's cache hits, and every code
-  path of the real pair runs. eagle=True gives an EAGLE draft instead (ssd_jax/eagle.py, random weights over the
+  path of the real pair runs. eagle=True gives an EAGLE draft instead (ssd_jax/models/eagle.py, random weights over the
   same reduced vocabulary, reading a 4-layer target): its guesses are poor, but every code path of a draft that
   reads the target's features runs. dtype: the params' dtype ('bfloat16' for 16-bit tests); kv_dtype: the target
   KV cache's (as in `load`).
@@ -299,9 +300,9 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
   import jax
   import jax.numpy as jnp
 
-  from .config import tiny_config
-  from .model import init_params
-  from .tokenizer import byte_level_tokenizer
+  from .models.config import tiny_config
+  from .models.model import init_params
+  from .models.tokenizer import byte_level_tokenizer
 
   tok = TextTokenizer(byte_level_tokenizer())
   known = [i for i in range(tok.vocab_size) if not 0xA1 <= ord(tok.tok.id_to_token(i)[0]) <= 0xFF]
@@ -309,7 +310,7 @@ def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, ea
   dcfg = tiny_config(vocab_size=tok.vocab_size, head_vocab=len(known), name="tiny-draft")
   tparams = checkpoints.cast_params(init_params(jax.random.key(seed), tcfg, scale=0.3), dtype)
   if eagle:
-    from . import eagle as eagle_model
+    from .models import eagle as eagle_model
     ecfg = eagle_model.config_for_target(tcfg, len(known), name="tiny-eagle")
     eparams = eagle_model.init_params(jax.random.key(seed + 1), ecfg, tparams, np.asarray(known), scale=0.3)
     return Pipeline(LoadedModel(tcfg, tparams, "tiny-target"), tok, LoadedModel(ecfg, eparams, "tiny-eagle"),

@@ -102,8 +102,8 @@ def run_main(main) -> None:
   """Runs main() with the compilation cache on (`compile_cache`); expected errors (bad input, and the library's
   ValueError, CheckpointError and DataError, each one line) end the process with that line and exit code 2."""
   compile_cache()
-  from .checkpoints import CheckpointError
-  from .datasets import DataError
+  from .models.checkpoints import CheckpointError
+  from .data.datasets import DataError
 
   try:
     code = main()

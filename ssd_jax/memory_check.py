@@ -42,7 +42,7 @@ def speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt: int, 
   shipped pair: peak RSS at B=4 K=4 F=48 exceeds F=3's by 867 MiB; these parts differ by 858 MiB.
   """
   from .decode.steps import tree_lookahead
-  from .kv_cache import round_slots
+  from .models.kv_cache import round_slots
 
   n, v = sum(fan_out), draft_cfg.out_vocab
   s = round_slots(max_prompt + max_new + tree_lookahead(k, tuple(fan_out)), 128)
@@ -68,10 +68,10 @@ def check_speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt:
 def param_bytes(cfg, dtype, weights: str = "full", tp: int = 1) -> int:
   """Returns the bytes of `cfg`'s params on each device of a `tp`-device mesh (split as sharding.param_specs splits
   them), floating params in `dtype`; weights='int8': each layer matrix one byte per weight plus a float32 scale per
-  output column (ssd_jax/quant.py), the embedding and head in `dtype`. Index tables are int32. An EAGLE draft (its
-  own layer only) is sized as 0: it is a fraction of a target's bytes."""
-  from .param_decls import param_decls
-  from .quant import LAYER_MATRICES
+  output column (ssd_jax/models/quant.py), the embedding and head in `dtype`. Index tables are int32. An EAGLE draft
+  (its own layer only) is sized as 0: it is a fraction of a target's bytes."""
+  from .models.param_decls import param_decls
+  from .models.quant import LAYER_MATRICES
   from .sharding import param_specs
 
   if getattr(cfg, "kind", None) == "eagle":
@@ -94,10 +94,10 @@ def model_params(path: str, dtype: str = "auto", weights: str = "full", tp: int 
   reading a weight; None where they do not tell (an EAGLE draft without its own embedding). weights='gguf': a GGUF's
   Q8_0/Q4_1 matrices at their size in the file, F16/BF16 tensors in param_dtype(dtype, their dtype), the rest
   dequantized (the GGUF is never converted to size it)."""
-  from .checkpoints import param_dtype, peek_model
+  from .models.checkpoints import param_dtype, peek_model
 
   if str(path).endswith(".gguf"):
-    from .model_files import gguf_tensors, kept_as_blocks
+    from .models.model_files import gguf_tensors, kept_as_blocks
 
     cfg, tensors = gguf_tensors(path)
     f32 = param_dtype(dtype, np.float32)
@@ -152,7 +152,7 @@ def parts(plan, run=None) -> tuple[dict, dict]:
   """Returns the bytes (by part, on each device that holds one) of the target's side and of the draft's side of a
   LoadPlan: the params, and with a preflight.Run the KV caches and (SSD) the speculation cache. A model whose headers
   do not tell its size (an EAGLE draft's weights) counts as 0."""
-  from .checkpoints import param_dtype
+  from .models.checkpoints import param_dtype
   from .decode.base import cache_slots
   from .decode.draft import CACHE_DTYPE
 

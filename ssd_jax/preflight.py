@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from . import checkpoints, defaults, drafts
+from . import defaults
 from .decode.auto_k import K_MAX
 from .decode.options import SpecOptions
+from .models import checkpoints, drafts
 from .settings import LoadSettings, check_mode
 
 

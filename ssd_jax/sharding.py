@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .config import ModelConfig
-from .kv_cache import KVCache
+from .models.config import ModelConfig
+from .models.kv_cache import KVCache
 from .settings import check_devices
 
 TP = "tp"
@@ -46,7 +46,7 @@ FEATURE_AXES = (BATCH, SEQ, EMBED)  # target features for an EAGLE draft [B, T, 
 def param_axes(cfg: ModelConfig) -> dict:
   """Returns logical axis names (a tuple per array) with the structure of the params of `cfg` (from
   param_decls.py, where each parameter is declared once)."""
-  from .param_decls import is_decl, param_decls
+  from .models.param_decls import is_decl, param_decls
   return jax.tree.map(lambda d: d.axes, param_decls(cfg), is_leaf=is_decl)
 
 
@@ -146,8 +146,8 @@ class Placement:
 
   def put_param(self, x, spec: P):
     """Returns one param placed by `spec`; an int8 matrix's scales [N] are split like its output columns."""
-    from .blocks import BlockWeight
-    from .quant import Int8Weight
+    from .models.blocks import BlockWeight
+    from .models.quant import Int8Weight
     if isinstance(x, BlockWeight):  # its arrays are in the file's row order (a layer matrix's [out, in]); the axis
       s2 = (tuple(spec) + (None, None))[:2]  # along the blocks is split only where the blocks divide the mesh
       rows, cols = s2[::-1] if x.transposed else s2

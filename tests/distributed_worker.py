@@ -27,8 +27,8 @@ def build_models():
   import jax
   import numpy as np
 
-  from ssd_jax import model
-  from ssd_jax.config import tiny_config
+  from ssd_jax.models import model
+  from ssd_jax.models.config import tiny_config
 
   cfg = tiny_config(vocab_size=64, n_heads=4, n_kv_heads=4, n_layers=1)
   shapes = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))

@@ -5,7 +5,7 @@ import json
 import ml_dtypes
 import numpy as np
 
-from ssd_jax import model_files
+from ssd_jax.models import model_files
 
 HF_MODEL_TYPE = {(False, False): "llama", (True, False): "qwen2", (False, True): "qwen3"}
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ssd_jax import acceptance
+from ssd_jax.theory import acceptance
 
 
 def test_worked_rounds():

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import DecodeOptions, SpecOptions, SSDDecoder
-from ssd_jax.fan_out import geometric_fan_out, uniform_fan_out
+from ssd_jax.theory.fan_out import geometric_fan_out, uniform_fan_out
 from ssd_jax.kernels import masked_attention as attn
 
 KERNELS = ("triton", "mosaic")

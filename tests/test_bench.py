@@ -205,15 +205,16 @@ def test_plots_from_a_sweep(tmp_path):
 @pytest.mark.parametrize("field", [dict(qk_norm=True), dict(attn_bias=True)])
 def test_hf_export_refuses_what_a_plain_llama_config_cannot_say(field):
   from ssd_jax.bench import hf_export
-  from ssd_jax.config import tiny_config
+  from ssd_jax.models.config import tiny_config
   with pytest.raises(ValueError, match="cannot export"):
     hf_export.hf_config(tiny_config(**field), tied=True)
 
 
 def test_hf_export_of_a_reduced_vocabulary_draft(tmp_path):
   """The exported draft gives our logits on its own tokens and never prefers another token under greedy argmax."""
-  from ssd_jax import api, model, model_files
+  from ssd_jax import api
   from ssd_jax.bench import hf_export
+  from ssd_jax.models import model, model_files
   pipe = api.load_tiny()
   d = pipe.draft
   info = hf_export.export_llama(d.params, d.cfg, str(tmp_path), tokenizer=pipe.tokenizer.tok, eos_id=2)
@@ -283,8 +284,8 @@ def test_pipeline_runs_its_default_mode_when_none_is_given(monkeypatch):
 
 
 def test_step_cost_counts_every_weight_matrix_and_times_a_step():
-  from ssd_jax import model
-  from ssd_jax.config import ModelConfig
+  from ssd_jax.models import model
+  from ssd_jax.models.config import ModelConfig
   from ssd_jax.bench.step_cost import compiled_step, interleaved_ms, macs_per_token
   for head_vocab in (None, 40):
     cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=24,

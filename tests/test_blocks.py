@@ -1,6 +1,6 @@
-"""GGUF block weights (ssd_jax/blocks.py): exact dequantization against gguf's, the block kernel against the float32
-dot form and the portable path, its row-count invariance on every instruction set this CPU runs, and greedy SD/SSD
-== AR on the real SmolLM2 pair with weights='gguf'."""
+"""GGUF block weights (ssd_jax/models/blocks.py): exact dequantization against gguf's, the block kernel against the
+float32 dot form and the portable path, its row-count invariance on every instruction set this CPU runs, and greedy
+SD/SSD == AR on the real SmolLM2 pair with weights='gguf'."""
 import dataclasses
 
 import jax
@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
-from ssd_jax import blocks, model
+from ssd_jax.models import blocks, model
 from ssd_jax.kernels import cpu_ffi, rows_matmul
 
 needs_kernel = pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
@@ -76,8 +76,8 @@ def test_dequantize_equals_gguf_bit_for_bit_on_random_blocks(kind):
 
 @pytest.fixture(scope="module")
 def smollm2_gguf():
-  from ssd_jax.checkpoints import locate_smollm2_gguf
-  from ssd_jax.families import CheckpointError
+  from ssd_jax.models.checkpoints import locate_smollm2_gguf
+  from ssd_jax.models.families import CheckpointError
   try:
     return locate_smollm2_gguf(fetch=False)
   except CheckpointError:
@@ -89,7 +89,7 @@ def test_real_smollm2_tensors_dequantize_as_gguf_and_the_float32_conversion(smol
   keep_blocks (q/k rows un-permuted as whole blocks) equal the float32 conversion's, param by param."""
   from gguf import GGUFReader
 
-  from ssd_jax.model_files import read_gguf
+  from ssd_jax.models.model_files import read_gguf
   for t in GGUFReader(smollm2_gguf).tensors[:12]:  # the Q8_0 embedding and a layer's Q4_1 matrices
     if t.tensor_type.name in KINDS:
       w = blocks.from_gguf(np.asarray(t.data), t.tensor_type.name, False)
@@ -182,7 +182,7 @@ def test_block_weight_reports_its_logical_shape_and_bytes():
 @pytest.fixture(scope="module")
 def gguf_pair():
   import ssd_jax
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   pipe = ssd_jax.load(draft=None, weights="gguf")
   dcfg, dparams, _ = checkpoints.load_model("default-draft")
   return pipe, dcfg, dparams
@@ -216,7 +216,8 @@ def test_auto_weights_take_a_gguf_targets_blocks_on_one_cpu_device():
 def test_the_default_target_in_blocks_loads_without_its_float32_conversion(smollm2_gguf, monkeypatch):
   """load() with the GGUF's blocks (the CPU default) reads the target and its tokenizer from the GGUF file, and checks
   the shipped draft's tokenizer against it: nothing asks for the converted float32 checkpoint."""
-  from ssd_jax import api, checkpoints
+  from ssd_jax import api
+  from ssd_jax.models import checkpoints
 
   def no_conversion(*args, **kwargs):
     raise AssertionError("the float32 conversion was asked for")

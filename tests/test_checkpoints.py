@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import checkpoints, model, model_files
-from ssd_jax.config import RopeScaling, tiny_config
+from ssd_jax.models import checkpoints, model, model_files
+from ssd_jax.models.config import RopeScaling, tiny_config
 from model_writers import write_gguf, write_hf_dir
 
 

@@ -149,7 +149,7 @@ def test_decode_warns_about_options_the_mode_ignores_and_runs():
 def test_speculation_memory_estimate():
   """The estimate's parts, by the shapes of draft_tree's outputs, and the check's message."""
   from ssd_jax.memory_check import check_speculation_memory, speculation_memory
-  from ssd_jax.config import tiny_config
+  from ssd_jax.models.config import tiny_config
   cfg = tiny_config(vocab_size=300, head_vocab=100)  # n_layers 2, n_heads 4, n_kv_heads 2, head_dim 8
   est = speculation_memory(cfg, batch=2, k=3, fan_out=(4, 2, 1, 1), max_prompt=10, max_new=20)
   n = 8
@@ -333,7 +333,7 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 def test_target_corpus_then_training_and_resume(trained):
   """The fixture's runs (corpus, training, resume) passed their checks; the export loads with its tokenizer."""
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   _, _, out, _ = trained
   cfg, _, tok = checkpoints.load_model(str(out))
   assert cfg.head_vocab == 512 and tok is not None
@@ -344,7 +344,7 @@ def test_training_continues_from_a_draft_and_grows_it(trained):
   """--init-from with distillation adds to the draft's tokens; --grow-layers / --grow-head train on and resume."""
   import numpy as np
 
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   tmp_path, _, out, _ = trained
   cfg, params, _ = checkpoints.load_model(str(out))
   # Continue training that draft with distillation, in a new work dir: its tokens add to the ones it had.

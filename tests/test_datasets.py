@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ssd_jax import datasets
+from ssd_jax.data import datasets
 
 
 def _conv(*msgs):

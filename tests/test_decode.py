@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model, sampling
-from ssd_jax.config import tiny_config
+from ssd_jax.decode import sampling
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions
 
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import checkpoints, eagle, model
-from ssd_jax.config import RopeScaling, tiny_config
+from ssd_jax.models import checkpoints, eagle, model
+from ssd_jax.models.config import RopeScaling, tiny_config
 from ssd_jax.kernels import causal_mask_info
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 from ssd_jax.training import eagle_data, eagle_train, features
 
 

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import eagle, model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import eagle, model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 from ssd_jax.decode.draft import EagleDraftModel
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import (LAW_ROWS, LIVE, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, cells, concentrate, concentrate_eagle,
                          generate, live, padded, real_head_ids)
@@ -216,10 +216,10 @@ REPLAY_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 1, 2, 3], [1], [2, 3, 4, 5, 6]]
                                               ("ssd", 2, "devices"), ("ssd", 2, "processes")])
 def test_greedy_eagle_rounds_equal_the_teacher_forced_replay(agreeing_pair, mode, k, placement):
   """Round for round, greedy decoding with an EAGLE draft accepts exactly what the teacher-forced replay of its
-  training rollout predicts (ssd_jax.acceptance.replay_eagle_rounds): the same rounds, accepted drafts and, for SSD,
-  cache hits. A draft that misses the verify's features, reads them at the wrong positions, or pre-drafts SSD's
+  training rollout predicts (ssd_jax.theory.acceptance.replay_eagle_rounds): the same rounds, accepted drafts and, for
+  SSD, cache hits. A draft that misses the verify's features, reads them at the wrong positions, or pre-drafts SSD's
   outcomes from anything but its own activations (Figure 9) proposes other tokens and fails this."""
-  from ssd_jax import acceptance
+  from ssd_jax.theory import acceptance
   from ssd_jax.training.eagle_eval import answer_stats
   if placement == "processes" and len(os.sched_getaffinity(0)) < 2:
     pytest.skip("needs two CPU cores")

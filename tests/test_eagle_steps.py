@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import eagle, model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import eagle, model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import eagle_steps as es
 from ssd_jax.decode.steps import draft_propose, draft_tree
 from ssd_jax.kernels import causal_mask_info
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 
 
 HEAD = np.random.default_rng(1).permutation(64)[:56]

@@ -1,12 +1,13 @@
-"""Exactness in 16 bits, teacher-forced (ssd_jax/exactness.py): every token greedy AR, SD and SSD emit with bfloat16
-params is the target's argmax given the same prefix, or within the stated near-tie margin of it."""
+"""Exactness in 16 bits, teacher-forced (ssd_jax/theory/exactness.py): every token greedy AR, SD and SSD emit with
+bfloat16 params is the target's argmax given the same prefix, or within the stated near-tie margin of it."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import checkpoints, exactness, model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import checkpoints, model
+from ssd_jax.theory import exactness
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
@@ -89,7 +90,7 @@ def test_bf16_kv_cache_under_f32_params_is_what_was_asked_and_greedy_sd_ssd_equa
 
 def test_kv_cache_follows_the_params_unless_set(cache_dtypes):
   from ssd_jax import api
-  from ssd_jax.kv_cache import cache_dtype
+  from ssd_jax.models.kv_cache import cache_dtype
   pipe = api.load_tiny(dtype="bfloat16")
   pipe.generate_ids([[1, 2, 3]], mode="ar", max_new_tokens=2)
   assert cache_dtypes == [{"bfloat16"}]

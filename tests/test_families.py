@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import checkpoints, model, model_files
-from ssd_jax.config import RopeScaling
+from ssd_jax.models import checkpoints, model, model_files
+from ssd_jax.models.config import RopeScaling
 from ssd_jax.decode.ar import ARDecoder
 from ssd_jax.decode.options import DecodeOptions
 from ssd_jax.kernels import causal_mask_info
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 from model_writers import write_gguf
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "families")

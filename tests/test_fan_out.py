@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ssd_jax import fan_out
+from ssd_jax.theory import fan_out
 
 
 @pytest.mark.parametrize("a_p,r,k,budget", [(0.8, 1.0, 7, 24), (0.6, 1.0, 7, 24), (0.9, 0.5, 4, 15), (0.3, 2.0, 3, 12)])

@@ -8,9 +8,10 @@ import sys
 import pytest
 from script_modules import load_script
 
-from ssd_jax import api, checkpoints, memory_check
-from ssd_jax.families import CheckpointError
-from ssd_jax.named_configs import named_config, write_random_hf
+from ssd_jax import api, memory_check
+from ssd_jax.models import checkpoints
+from ssd_jax.models.families import CheckpointError
+from ssd_jax.models.named_configs import named_config, write_random_hf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EAGLE = os.path.join(ROOT, "checkpoints", "eagle-smollm2")
@@ -106,7 +107,7 @@ def test_the_default_blocks_target_is_sized_and_run_without_its_float32_conversi
     pytest.skip("the SmolLM2 GGUF is not here")
   from gguf import GGUFReader
 
-  from ssd_jax import blocks
+  from ssd_jax.models import blocks
   blocks_bytes = sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors if t.tensor_type.name in blocks.KINDS)
 
   def no_conversion(*args, **kwargs):

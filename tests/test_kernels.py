@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ssd_jax.kernels.masked_attention as attn
-from ssd_jax.fan_out import geometric_fan_out, uniform_fan_out
+from ssd_jax.theory.fan_out import geometric_fan_out, uniform_fan_out
 from ssd_jax.kernels import cpu_ffi, rows_matmul
 from test_attention_kernels import tree_mask, verify_mask
 
@@ -60,7 +60,7 @@ def test_bfloat16_weights_widen_exactly_and_rows_do_not_depend_on_row_count(arch
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
 def test_dense_sends_bfloat16_weights_through_the_kernel():
-  from ssd_jax import model
+  from ssd_jax.models import model
   rng = np.random.default_rng(3)
   w = jnp.asarray(rng.standard_normal((64, 96), dtype=np.float32)).astype(jnp.bfloat16)
   for xdt in (jnp.float32, jnp.bfloat16):
@@ -243,9 +243,9 @@ def test_attention_auto_is_the_cpu_kernel_for_float32_on_cpu():
 def test_kernels_follow_the_platform_compiled_for_not_the_backend():
   """A program traced here for a TPU or GPU holds none of the C++ CPU kernels (XLA would refuse their custom calls
   there), and 'auto' attention is the reference there; for a CPU the kernels are in. Issue 43 item 1."""
-  from ssd_jax import model
-  from ssd_jax.config import tiny_config
-  from ssd_jax.kv_cache import KVCache
+  from ssd_jax.models import model
+  from ssd_jax.models.config import tiny_config
+  from ssd_jax.models.kv_cache import KVCache
 
   cfg = tiny_config()
   params = jax.eval_shape(lambda: model.init_params(jax.random.key(0), cfg))

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 from ssd_jax.decode.base import Programs, pad_prompts
 from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 
 V, ROWS = 64, 6
 STEP_FOLDED = ("first_tokens",)  # programs given the run's key and a step (first_tokens: step 0)

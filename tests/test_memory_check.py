@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from ssd_jax import api, checkpoints, memory_check, model, quant
+from ssd_jax import api, memory_check
 from ssd_jax.decode import SpecOptions
 from ssd_jax.memory_check import kv_cache_bytes, param_bytes
-from ssd_jax.config import tiny_config
-from ssd_jax.kv_cache import KVCache
-from ssd_jax.named_configs import named_config, write_random_hf
+from ssd_jax.models import checkpoints, model, quant
+from ssd_jax.models.config import tiny_config
+from ssd_jax.models.kv_cache import KVCache
+from ssd_jax.models.named_configs import named_config, write_random_hf
 from ssd_jax.sharding import make_placement
 
 

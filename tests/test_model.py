@@ -4,9 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.config import RopeScaling, tiny_config
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models import model
+from ssd_jax.models.config import RopeScaling, tiny_config
+from ssd_jax.models.kv_cache import KVCache
 
 import numpy_reference
 

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.named_configs import NAMED_CONFIGS, PAPER_PAIRS, named_config, param_count, random_model
+from ssd_jax.models import model
+from ssd_jax.models.named_configs import NAMED_CONFIGS, PAPER_PAIRS, named_config, param_count, random_model
 
 # Parameter counts as their model cards and safetensors indexes state them: exact where the count is published to
 # the weight, else (Qwen3-32B: "32.8B, 31.2B non-embedding") to the stated digits.

@@ -9,11 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from ssd_jax import api, drafts, model
-from ssd_jax.config import tiny_config
+from ssd_jax import api
+from ssd_jax.models import drafts, model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
-from ssd_jax.families import CheckpointError
-from ssd_jax.tokenizer import byte_level_tokenizer
+from ssd_jax.models.families import CheckpointError
+from ssd_jax.models.tokenizer import byte_level_tokenizer
 
 from draft_heads import REAL, REAL_LIVE, V4_HEAD, concentrate, generate, live, real_head_ids
 from model_writers import write_gguf, write_hf_dir

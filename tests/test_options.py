@@ -28,7 +28,7 @@ def test_spec_options_reject_bad_settings_when_built(settings, msg):
 
 
 def test_geometric_fan_out_comes_from_the_calibration_at_the_nearest_temperature():
-  from ssd_jax.fan_out import geometric_fan_out
+  from ssd_jax.theory.fan_out import geometric_fan_out
   spec = SpecOptions(k=3, fan_out=2, fan_out_strategy="geometric")
   cal = {0.0: (0.9, 0.5), 1.0: (0.3, 2.0)}  # as fan_out.read_calibration returns it
   f, f_miss = spec.fan_outs(cal, 0.2)
@@ -64,7 +64,8 @@ def test_context_check_names_the_prompt_and_the_speculation_slots():
 def test_load_and_pipeline_refuse_a_bad_setting_alike_before_any_weight(monkeypatch, setting, value, msg):
   """load() checks its settings (LoadSettings) before it reads a weight, and a Pipeline built directly refuses the same
   value with the same line."""
-  from ssd_jax import api, checkpoints
+  from ssd_jax import api
+  from ssd_jax.models import checkpoints
 
   def no_read(*args, **kwargs):
     raise AssertionError("a weight was read")
@@ -81,8 +82,9 @@ def test_a_setting_reads_the_same_line_wherever_it_is_caught():
   switch, the KV cache, the params' dtype, the placement) refuse a bad value with the same line, from the same tuple."""
   import numpy as np
 
-  from ssd_jax import checkpoints, kv_cache, settings, sharding
+  from ssd_jax import settings, sharding
   from ssd_jax.kernels import masked_attention
+  from ssd_jax.models import checkpoints, kv_cache
 
   def line(fn, *args, **kwargs):
     with pytest.raises(ValueError) as e:

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.plan import make_plan, memory
 from ssd_jax.sharding import Placement, make_placement
@@ -105,7 +105,7 @@ def test_every_ssd_program_compiles_for_a_tpu_v5e_topology():
 def test_int8_sizing_is_what_quant_makes(tie):
   """The plan sizes int8 as quant.py builds it from a bfloat16 checkpoint: layer matrices int8 with a float32 scale
   per output column, the embedding, head and norms bfloat16 (byte for byte, one device)."""
-  from ssd_jax import quant
+  from ssd_jax.models import quant
   cfg = tiny_config(vocab_size=96, tie_embeddings=tie)
   bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                       model.init_params(jax.random.key(0), cfg))

@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import eagle, model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import eagle, model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import eagle_steps as es
 from ssd_jax.decode.base import pad_prompts
 from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import head_tables, restrict_head
 from test_rejection_sampler import _chi2_pvalue, detectable_w

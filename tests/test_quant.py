@@ -1,12 +1,13 @@
-"""Weight-only int8 (ssd_jax/quant.py): per-channel rounding bounds, the product, decoding, and sharding."""
+"""Weight-only int8 (ssd_jax/models/quant.py): per-channel rounding bounds, the product, decoding, and sharding."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ssd_jax import api, checkpoints, model, quant
-from ssd_jax.config import tiny_config
+from ssd_jax import api
+from ssd_jax.models import checkpoints, model, quant
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 from ssd_jax.sharding import make_placement
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from ssd_jax import sampling
+from ssd_jax.decode import sampling
 
 N = 60_000
 ALPHA = 1e-4

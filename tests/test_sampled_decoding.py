@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 from ssd_jax.decode.base import pad_prompts
 from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 
 from test_rejection_sampler import _chi2_pvalue, detectable_w, effect_size
 from draft_heads import LAW_ROWS, LIVE, REAL, cells, generate, live, padded, restrict_head
@@ -136,8 +136,8 @@ def tiny_blocks():
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_sampled_decoding_with_block_weights_follows_the_numpy_law(tiny_blocks, mode):
-  """The law test above with the target in GGUF blocks (ssd_jax/blocks.py): its law is the dequantized model's. SD
-  and SSD (their verify takes the block weights through several rows; AR's sampling is theirs)."""
+  """The law test above with the target in GGUF blocks (ssd_jax/models/blocks.py): its law is the dequantized model's.
+  SD and SSD (their verify takes the block weights through several rows; AR's sampling is theirs)."""
   if REAL:
     pytest.skip("its pair is the tiny one at either head")
   cfg, tp, dcfg, dp, host = tiny_blocks

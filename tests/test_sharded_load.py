@@ -1,4 +1,4 @@
-"""Sharded loading (ssd_jax/sharded_load.py): an HF directory goes tensor by tensor onto a mesh in its own dtype,
+"""Sharded loading (ssd_jax/models/sharded_load.py): an HF directory goes tensor by tensor onto a mesh in its own dtype,
 with the values the whole-file reader gives and the shardings sharding.param_specs asks for."""
 import jax
 import ml_dtypes
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from ssd_jax import checkpoints, model, model_files, sharded_load
-from ssd_jax.config import tiny_config
-from ssd_jax.families import CheckpointError
+from ssd_jax.models import checkpoints, model, model_files, sharded_load
+from ssd_jax.models.config import tiny_config
+from ssd_jax.models.families import CheckpointError
 from ssd_jax.sharding import param_specs
 
 from model_writers import write_hf_dir

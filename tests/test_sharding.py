@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 from ssd_jax.sharding import CACHE_AXES, cache_spec, make_placement, param_axes, param_specs
 
@@ -66,9 +66,9 @@ def test_params_and_cache_carry_the_intended_shardings(pair):
 
 
 def test_block_weights_are_placed_by_their_logical_axes():
-  """GGUF block weights (ssd_jax/blocks.py) keep the param axes of the matrix they replace: a layer matrix's arrays are
-  [out, in] rows, so wq's output columns split the rows; wo's input axis splits the blocks (2 of them over a mesh of
-  2). The decoded tokens equal the single-device ones."""
+  """GGUF block weights (ssd_jax/models/blocks.py) keep the param axes of the matrix they replace: a layer matrix's
+  arrays are [out, in] rows, so wq's output columns split the rows; wo's input axis splits the blocks (2 of them over a
+  mesh of 2). The decoded tokens equal the single-device ones."""
   from test_blocks import block_params
   cfg = tiny_config(vocab_size=64, d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn_dim=64)
   bp = block_params(model.init_params(jax.random.key(3), cfg, scale=0.3))

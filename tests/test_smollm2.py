@@ -1,7 +1,7 @@
 """The real SmolLM2-135M-Instruct target: answers, tokenizer, chat template."""
 import pytest
 
-from ssd_jax.tokenizer import chat_template
+from ssd_jax.models.tokenizer import chat_template
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_batch_ragged_prompts_match_single(smollm2):
 @pytest.fixture(scope="module")
 def real_pair(smollm2):
   """The real target with the shipped draft."""
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   cfg, params, _ = checkpoints.load_model("default-draft")
   return smollm2, cfg, params
 

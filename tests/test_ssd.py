@@ -4,12 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.decode.base import pad_prompts
 from ssd_jax.decode.steps import draft_tree, lookup, prefill
-from ssd_jax.kv_cache import KVCache
+from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import LAW_ROWS, LIVE, REAL, TINY_LIVE, generate, live, restrict_head
 from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids, v4_pair
@@ -170,14 +170,14 @@ def test_ssd_temperature_one_exact_with_fast_backups(backup):
 
 
 def test_ngram_propose():
-  from ssd_jax.backup import ngram_propose
+  from ssd_jax.decode.backup import ngram_propose
   assert ngram_propose([1, 2, 3, 9, 1, 2, 3], 3) == [9, 1, 2]   # longest suffix 1 2 3 seen before -> 9 1 2
   assert ngram_propose([5, 6, 7], 2) == [7, 7]                   # no match: repeat the last token
   assert ngram_propose([4, 8, 4], 3) == [8, 4, 4]                # unigram match, padded
 
 
 def test_theorem17_choice():
-  from ssd_jax.timing_model import critical_batch, neural_backup_better
+  from ssd_jax.theory.timing_model import critical_batch, neural_backup_better
   # A cheap, accurate neural backup wins at batch 1 and loses at a large batch.
   assert neural_backup_better(1, 0.8, 3.0, 3.0, 0.3)
   assert not neural_backup_better(256, 0.8, 3.0, 3.0, 0.3)
@@ -188,7 +188,7 @@ def test_theorem17_choice():
 
 
 def test_saguaro_rescale_moves_residual_mass_onto_the_cached_set():
-  from ssd_jax import sampling
+  from ssd_jax.decode import sampling
   rng = np.random.default_rng(0)
   q = jax.nn.softmax(jnp.asarray(rng.normal(size=50) * 2, jnp.float32))
   p = jax.nn.softmax(jnp.asarray(np.asarray(jnp.log(q)) + rng.normal(size=50) * 0.7, jnp.float32))
@@ -218,7 +218,7 @@ def test_bonus_rank():
 
 
 def test_choose_backup_from_tally():
-  from ssd_jax.backup import choose_backup, new_tally, record_round
+  from ssd_jax.decode.backup import choose_backup, new_tally, record_round
   t = new_tally()
   assert choose_backup("ngram", t, 1) == "ngram"
   assert choose_backup("auto", t, 1) == "neural"  # no statistics yet

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from ssd_jax import model
-from ssd_jax.config import tiny_config
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.decode.draft_process import split_cores
 

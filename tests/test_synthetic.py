@@ -1,6 +1,6 @@
 import ast
 
-from ssd_jax import datasets, synthetic
+from ssd_jax.data import datasets, synthetic
 
 
 def test_code_stubs_are_signature_and_docstring_only():

@@ -8,8 +8,8 @@ import os
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from ssd_jax.chat_template import TemplateError, render
-from ssd_jax.tokenizer import TextTokenizer, TokenizerError, byte_level_tokenizer, chat_template
+from ssd_jax.models.chat_template import TemplateError, render
+from ssd_jax.models.tokenizer import TextTokenizer, TokenizerError, byte_level_tokenizer, chat_template
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "fixtures", "templates")
 LLAMA3 = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
@@ -143,7 +143,7 @@ def test_save_then_from_dir_gives_the_same_tokenizer(tmp_path, make_dir):
 
 
 def test_draft_training_text_refuses_a_template_it_does_not_write(tmp_path):
-  from ssd_jax.tokenizer import text_tokenizer_from_gguf
+  from ssd_jax.models.tokenizer import text_tokenizer_from_gguf
   from ssd_jax.training.draft_data import tokenize_conversations
 
   conv = [[("user", "Hi"), ("assistant", "Hello")]]
@@ -251,8 +251,8 @@ def hf_model_dir(path, make_dir, seed=0):
   import jax
 
   from ssd_jax.bench import hf_export
-  from ssd_jax.config import tiny_config
-  from ssd_jax.model import init_params
+  from ssd_jax.models.config import tiny_config
+  from ssd_jax.models.model import init_params
 
   path, ids = make_dir(path)
   tok = TextTokenizer.from_dir(path)
@@ -320,7 +320,7 @@ def gguf_meta(specials, pre, user_defined=(), **fields):
 
 
 def test_gguf_tokenizers_templates_and_eos_sets():
-  from ssd_jax.tokenizer import text_tokenizer_from_gguf
+  from ssd_jax.models.tokenizer import text_tokenizer_from_gguf
 
   pieces = lambda tok, text: [p for p, _ in tok.tok.pre_tokenizer.pre_tokenize_str(text)]
   # SmolLM2's GGUF: its own template renders exactly the built-in ChatML; EOS <|im_end|>; no BOS (add_bos false).

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax import model
-from ssd_jax.config import ModelConfig
+from ssd_jax.models import model
+from ssd_jax.models.config import ModelConfig
 from ssd_jax.training.draft_data import example_starts, pack_examples
 from ssd_jax.training.draft_init import deepen, init_draft_from_target, widen, widen_head
 from ssd_jax.training.draft_step import TrainConfig, init_opt_state, make_optimizer, make_train_step, teacher_probs
@@ -278,8 +278,8 @@ def test_pack_examples_cuts_an_example_longer_than_a_window():
 
 def _byte_target():
   """A tiny random target over the byte-level tokenizer (259 tokens, the chat specials at 0-2)."""
-  from ssd_jax.config import tiny_config
-  from ssd_jax.tokenizer import TextTokenizer, byte_level_tokenizer
+  from ssd_jax.models.config import tiny_config
+  from ssd_jax.models.tokenizer import TextTokenizer, byte_level_tokenizer
   from ssd_jax.training.draft_loop import Target
   tok = TextTokenizer(byte_level_tokenizer())
   cfg = tiny_config(vocab_size=tok.vocab_size, name="byte-target")
@@ -316,7 +316,7 @@ def test_train_resumes_to_the_same_draft_exports_the_best_and_grows(tmp_path, ca
   optimizer); the export carries its figures; an --init-from run grows that export."""
   import json
 
-  from ssd_jax import checkpoints
+  from ssd_jax.models import checkpoints
   from ssd_jax.training.draft_loop import train
   target = _byte_target()
   convs = _conversations(30)

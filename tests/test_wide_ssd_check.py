@@ -5,8 +5,8 @@ SSD equals AR there and passes the teacher-forced check against the target on on
 import numpy as np
 import pytest
 
-from ssd_jax import model_files
-from ssd_jax.named_configs import named_config, write_random_hf
+from ssd_jax.models import model_files
+from ssd_jax.models.named_configs import named_config, write_random_hf
 from script_modules import load_script
 
 SMALL = dict(d_model=64, ffn_dim=128, n_heads=8, n_kv_heads=4, head_dim=8, vocab_size=384)

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 
 
 def expanded_vocab(params: dict, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray, dict]:

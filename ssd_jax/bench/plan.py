@@ -15,7 +15,7 @@ import dataclasses
 import math
 import statistics
 
-from ..timing_model import expected_tokens, sd_speedup, ssd_speedup
+from ..theory.timing_model import expected_tokens, sd_speedup, ssd_speedup
 
 SCHEMA = "ssd-jax-bench/1"
 OUR_MODES = ("ar", "sd", "ssd")
@@ -256,7 +256,7 @@ def power_law_fit(xs, miss) -> dict | None:
   """Returns {r, c} of miss(F) = c F^-r fitted in log-log space to points with a positive miss rate, or None."""
   import numpy as np
 
-  from ..fan_out import fit_log_log
+  from ..theory.fan_out import fit_log_log
 
   pts = [(float(x), float(m)) for x, m in zip(xs, miss) if m is not None and m > 0]
   if len(pts) < 2:

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..config import ModelConfig
-from ..kv_cache import KVCache
+from ..models import model
+from ..models.config import ModelConfig
+from ..models.kv_cache import KVCache
 
 
 def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512, batch: int = 1):
@@ -60,8 +60,8 @@ def macs_per_token(cfg: ModelConfig) -> int:
 def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512, batch: int = 1):
   """Returns run() -> seconds of one EAGLE draft step (one token a row reading its own last hidden state) for
   `batch` rows after `prefix` cached positions, warmed up: the draft's per-token cost when it drafts
-  (ssd_jax/eagle.py)."""
-  from .. import eagle
+  (ssd_jax/models/eagle.py)."""
+  from ..models import eagle
   from ..kernels import causal_mask_info
 
   @jax.jit

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..config import ModelConfig
-from ..kv_cache import cache_dtype
+from ..models.config import ModelConfig
+from ..models.kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from . import rounds
 from .base import DecodeResult, Programs, StreamFn

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..kv_cache import round_slots
-from ..metrics import RequestStats
+from ..models.kv_cache import round_slots
+from .metrics import RequestStats
 from .options import DecodeOptions
 
 

@@ -4,8 +4,8 @@ The speculators (speculator.py) decide what to draft and with which keys; these 
 prompts, `observe` the target features a verify returns (drafts that read them), `propose` K tokens in one chain
 (SD's proposal, SSD's neural backup) and `tree` (SSD's glue + fork + tree over every likely verify outcome). Two
 kinds: `DraftModel`, a standalone small Llama that reads tokens, and `EagleDraftModel`, an EAGLE draft that reads
-the target's features (ssd_jax/eagle.py). `make_draft_model` picks the kind from the config. Both run the same chain
-and tree (steps.draft_propose, draft_tree), which take the kind's forward from the config (steps.DraftKind).
+the target's features (ssd_jax/models/eagle.py). `make_draft_model` picks the kind from the config. Both run the same
+chain and tree (steps.draft_propose, draft_tree), which take the kind's forward from the config (steps.DraftKind).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from ..kernels.platform import kernel_platform
-from ..kv_cache import KVCache
+from ..models.kv_cache import KVCache
 from .base import Programs
 from .eagle_steps import eagle_observe, eagle_prefill, init_hist
 from .options import DecodeOptions
@@ -123,7 +123,7 @@ class DraftModel:
 
 
 class EagleDraftModel(DraftModel):
-  """An EAGLE draft (ssd_jax/eagle.py): reads the target's features of every verified position. Besides its KV
+  """An EAGLE draft (ssd_jax/models/eagle.py): reads the target's features of every verified position. Besides its KV
   cache it keeps their fused form by position (eagle_steps: `hist`); a proposal first re-reads the last K+1 committed
   positions from target features, so what it wrote from its own features there is replaced."""
 

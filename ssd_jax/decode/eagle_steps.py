@@ -1,6 +1,6 @@
-"""An EAGLE draft's decode steps (ssd_jax/eagle.py is the model): its prefill and feature history, jitted, and the two
-functions of its steps.DraftKind (`linear`, `step`), through which the shared chain and tree (steps.draft_propose,
-steps.draft_tree) draft with it.
+"""An EAGLE draft's decode steps (ssd_jax/models/eagle.py is the model): its prefill and feature history, jitted, and
+the two functions of its steps.DraftKind (`linear`, `step`), through which the shared chain and tree
+(steps.draft_propose, steps.draft_tree) draft with it.
 
 Positions are 0-based: a row's committed text is x_0..x_{L-1}, its last token x_{L-1} the latest bonus. The draft at
 position p reads x_p and a feature of position p-1: `hist[p-1]`, the fused target features of p-1, when the target
@@ -25,10 +25,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import eagle
-from ..eagle import EagleConfig
+from ..models import eagle
+from ..models.eagle import EagleConfig
 from ..kernels import causal_mask_info
-from ..kv_cache import KVCache
+from ..models.kv_cache import KVCache
 
 
 def init_hist(cfg: EagleConfig, batch: int, slots: int) -> jax.Array:

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..fan_out import geometric_from, parse_fan_out
+from ..models.config import ModelConfig
+from ..theory.fan_out import geometric_from, parse_fan_out
 from ..settings import SSD_PLACEMENTS, check_choice
 from .auto_k import AUTO, K_MAX
 
@@ -176,7 +176,7 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOption
   if draft_cfg.vocab_size != target_cfg.vocab_size:
     raise ValueError(f"draft vocabulary ({draft_cfg.vocab_size}) differs from the target's ({target_cfg.vocab_size})")
   if getattr(draft_cfg, "kind", None) == "eagle":
-    from ..eagle import check_target
+    from ..models.eagle import check_target
     check_target(draft_cfg, target_cfg)
   if tree and spec.widest > draft_cfg.out_vocab - 1:
     raise ValueError(f"fan-out {spec.widest} exceeds the draft's vocabulary")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from ..kernels.platform import device_platform
-from ..kv_cache import cache_dtype
+from ..models.kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from . import rounds
 from .base import DecodeResult, Programs, StreamFn

@@ -18,12 +18,11 @@ from typing import Any, Protocol
 import jax.numpy as jnp
 import numpy as np
 
-from ..backup import choose_backup, new_tally, ngram_propose, point_mass, random_speculation, record_round
+from .backup import choose_backup, new_tally, ngram_propose, point_mass, random_speculation, record_round
 from .base import SpecBook, cache_slots, pad_prompts
 from .draft import DraftModel
 from .options import DecodeOptions, SpecOptions
-from .steps import (DRAFT_STREAM, bonus_rank, compact_q, fold, lookup, merge_rows, serve_q,
-                    stream_key, tree_lookahead)
+from .steps import DRAFT_STREAM, bonus_rank, compact_q, fold, lookup, merge_rows, serve_q, stream_key, tree_lookahead
 
 
 @dataclasses.dataclass

@@ -17,9 +17,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from ..kernels.platform import device_platform
-from ..kv_cache import cache_dtype
+from ..models.kv_cache import cache_dtype
 from ..sharding import Placement, make_placement
 from . import rounds
 from .base import DecodeResult, Programs, StreamFn

@@ -38,10 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model, sampling
-from ..config import ModelConfig
+from ..models import model
+from . import sampling
+from ..models.config import ModelConfig
 from ..kernels import MaskInfo, causal_mask_info
-from ..kv_cache import KVCache
+from ..models.kv_cache import KVCache
 from . import eagle_steps
 
 DRAFT_STREAM, VERIFY_STREAM = 0x5EED, 0xC0DE

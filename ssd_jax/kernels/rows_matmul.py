@@ -1,5 +1,6 @@
 """Few-row matrix products on XLA:CPU through a small C++ FFI kernel (ssd_jax/kernels/cpu/rows_matmul.cc): float32 or
-bfloat16 weights (`rows_matmul`), GGUF Q8_0/Q4_1 blocks (`blocks_matmul`, ssd_jax/blocks.py); float32 activations.
+bfloat16 weights (`rows_matmul`), GGUF Q8_0/Q4_1 blocks (`blocks_matmul`, ssd_jax/models/blocks.py); float32
+activations.
 
 The kernel is compiled on first use (cpu_ffi.py). Where that is impossible (no compiler, another platform)
 `available()` is False and callers use plain jnp products. `ref_rows_matmul` is the reference.

@@ -10,7 +10,7 @@ import time
 
 import jax
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from .programs import Layout, Program, round_programs
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp", "code")

@@ -1,5 +1,5 @@
 """Step times from bytes, FLOPs, tensor-parallel collectives and launch latency, and from them AR, SD and SSD tokens
-a second through the project's timing model (ssd_jax/timing_model.py).
+a second through the project's timing model (ssd_jax/theory/timing_model.py).
 
 A decode step reads every weight once and each row's KV prefix once (memory-bound at small batch), multiplies
 rows x weights (compute-bound only at large batch x T), all-reduces the residual stream twice a layer over the
@@ -13,9 +13,9 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from ..decode.draft import CACHE_DTYPE as DRAFT_CACHE_DTYPE
-from ..timing_model import expected_tokens, ssd_speedup
+from ..theory.timing_model import expected_tokens, ssd_speedup
 from .devices import Device
 from .memory import kv_bytes_per_token, param_bytes
 
@@ -133,7 +133,7 @@ def calibrate(dev: Device, data: dict, configs: dict) -> Device:
   """Returns `dev` fitted to a calibration run's one-token steps (scripts/plan_calibrate.py writes the JSON): for
   each model it timed (its config in the file, else configs[name]), its AR step at its context, one device."""
   points = []
-  from ..config import ModelConfig
+  from ..models.config import ModelConfig
   for name, m in data.get("models", {}).items():
     if "ar_step_s" not in m or (name not in configs and "config" not in m):
       continue

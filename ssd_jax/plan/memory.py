@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..config import ModelConfig
+from ..models import model
+from ..models.config import ModelConfig
 from ..decode.base import cache_slots
 from ..decode.draft import CACHE_DTYPE as DRAFT_CACHE_DTYPE
 from ..decode.steps import tree_lookahead
@@ -46,7 +46,7 @@ def abstract_params(cfg: ModelConfig, dtype: str = "bfloat16") -> dict:
 
 def _is_layer_matrix(path) -> bool:
   """Whether a params path names one of the layer matrices weight-only int8 quantizes (quant.LAYER_MATRICES)."""
-  from ..quant import LAYER_MATRICES
+  from ..models.quant import LAYER_MATRICES
   return getattr(path[-1], "key", None) in LAYER_MATRICES and getattr(path[0], "key", None) == "layers"
 
 

@@ -11,14 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
-from ..backup import point_mass, random_speculation
-from ..config import ModelConfig
+from ..decode.backup import point_mass, random_speculation
+from ..models.config import ModelConfig
 from ..decode.base import PROMPT_BUCKET
 from ..decode.draft import CACHE_DTYPE as DRAFT_CACHE_DTYPE
 from ..decode.steps import (draft_propose, draft_tree, first_tokens, lookup, merge_rows, prefill, serve_q,
                             verify)
 from ..kernels.platform import device_platform
-from ..kv_cache import KVCache, round_slots
+from ..models.kv_cache import KVCache, round_slots
 from ..sharding import TP, cache_spec, param_specs
 from .memory import abstract_params
 

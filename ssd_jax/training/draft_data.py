@@ -11,7 +11,7 @@ def tokenize_conversations(tok, conversations, progress: bool = True):
   """Returns (ids uint16/int32 [N], loss mask uint8 [N]) of conversations concatenated in the chat template."""
   from tqdm.auto import tqdm
 
-  from ..datasets import chat_pieces
+  from ..data.datasets import chat_pieces
 
   if hasattr(tok, "writes_chatml") and not tok.writes_chatml():
     # The pieces below are SmolLM2's ChatML; under another template they would train the draft on text the target

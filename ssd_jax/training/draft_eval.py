@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..config import ModelConfig
+from ..models import model
+from ..models.config import ModelConfig
 
 
 def target_argmax(target_params, target_cfg: ModelConfig, tokens: np.ndarray, chunk: int = 4) -> np.ndarray:

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..config import ModelConfig
+from ..models import model
+from ..models.config import ModelConfig
 
 
 def init_draft_from_target(key, cfg: ModelConfig, target_cfg: ModelConfig, target_params, head_ids: np.ndarray):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from .draft_eval import agreement
 from .draft_setup import Start, Windows, cached_teacher, held_out_argmax, load_windows, log, start_draft, write_json
 from .draft_step import TrainConfig, make_optimizer, make_train_step
@@ -225,7 +225,7 @@ def export_record(run: DraftRun, start: Start, data: Windows, done: int, figures
 
 def _export(out: str, cfg: ModelConfig, params, tokenizer, extra: dict) -> None:
   """Writes the draft to `out`, replacing what was there only once the new one is complete."""
-  from ..checkpoints import save_checkpoint
+  from ..models.checkpoints import save_checkpoint
 
   save_checkpoint(out + ".tmp", cfg, jax.device_get(params), tokenizer=tokenizer, extra=extra)
   shutil.rmtree(out, ignore_errors=True)

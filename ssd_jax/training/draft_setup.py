@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from .draft_data import load_answer_shards, make_windows, pack_examples, tokenize_conversations
 from .draft_eval import target_argmax
 from .draft_init import deepen, init_draft_from_target, widen, widen_head
@@ -65,7 +65,7 @@ def load_windows(run, tok, conversations=None) -> Windows:
     ids, mask = z["ids"], z["mask"]
   else:
     if conversations is None:
-      from ..datasets import iter_sharegpt
+      from ..data.datasets import iter_sharegpt
       conversations = iter_sharegpt(limit=run.max_conversations)
     ids, mask = tokenize_conversations(tok, conversations, progress=not run.tiny)
     np.savez(cache_file, ids=ids, mask=mask)
@@ -100,7 +100,7 @@ def _add_answer_windows(data: Windows, run, tok) -> None:
   t_ids, t_m, h_ids, h_m = (np.concatenate([p[i] for p in parts]) for i in range(4))
   n_held = tc.eval_windows * 2
   if run.whole_examples:
-    from ..tokenizer import IM_START
+    from ..models.tokenizer import IM_START
     im_start = tok.tok.token_to_id(IM_START)
     if t_m.any():
       data.answers, data.answers_mask = pack_examples(t_ids, t_m, tc.seq_len, im_start)
@@ -204,7 +204,7 @@ def _recorded_init(init_record: str, resuming: bool) -> tuple[int, dict | None]:
 def _grown_draft(run, target, data: Windows) -> tuple[ModelConfig, dict, dict]:
   """Returns (config, params, extra.json entries) of the --init-from draft, grown by --grow-layers, --grow-width and
   --grow-head (each leaves its output unchanged at first)."""
-  from ..checkpoints import load_checkpoint
+  from ..models.checkpoints import load_checkpoint
 
   tcfg = target.cfg
   init_dir = os.path.abspath(run.init_from)

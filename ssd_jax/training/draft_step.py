@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .. import model
-from ..config import ModelConfig
+from ..models import model
+from ..models.config import ModelConfig
 
 
 @dataclasses.dataclass

@@ -3,7 +3,7 @@
 For one prompt-and-answer text the target runs once (its features, and its distribution p at every position); the
 draft then runs the training rollout over the whole text (eagle_train.rollout_logits), so that for every answer
 token and every depth j the draft's prediction with target features up to j+1 positions before it is known. Greedy
-rounds of SD and SSD are replayed from those predictions exactly (ssd_jax.acceptance.replay_eagle_rounds).
+rounds of SD and SSD are replayed from those predictions exactly (ssd_jax.theory.acceptance.replay_eagle_rounds).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..eagle import EagleConfig
-from ..kv_cache import KVCache
+from ..models import model
+from ..models.eagle import EagleConfig
+from ..models.kv_cache import KVCache
 from .eagle_train import rollout_logits
 
 

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import eagle
-from ..eagle import EagleConfig
+from ..models import eagle
+from ..models.eagle import EagleConfig
 from .eagle_data import Shard, choose_head, load_shards, make_batch, pack, split_in_memory, window_order
 
 
@@ -182,7 +182,7 @@ class EagleTrainConfig:
 
 def export(out: str, cfg: EagleConfig, params: dict, extra: dict) -> None:
   """Writes an EAGLE draft checkpoint (16-bit weights, without the target's parts) to `out`."""
-  from ..checkpoints import save_checkpoint
+  from ..models.checkpoints import save_checkpoint
   tmp = out.rstrip("/") + ".tmp"
   save_checkpoint(tmp, cfg, eagle.detach_target(params), extra=extra, storage_dtype="bfloat16")
   if os.path.exists(out):
@@ -297,8 +297,8 @@ def _log_steps(log, recent: list, done: int, tc: EagleTrainConfig, seconds: floa
 
 def main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=None) -> int:
   """scripts/train_eagle.py's training phase (on features.in_memory's shards when given, else on the cache)."""
-  from .. import checkpoints
-  from ..eagle import config_for_target
+  from ..models import checkpoints
+  from ..models.eagle import config_for_target
   if in_memory is not None:
     train_shards, eval_shards = split_in_memory(in_memory, False), split_in_memory(in_memory, True)
   else:

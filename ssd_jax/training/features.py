@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import model
-from ..config import ModelConfig
+from ..models import model
+from ..models.config import ModelConfig
 from ..kernels import causal_mask_info
-from ..kv_cache import KVCache
+from ..models.kv_cache import KVCache
 from .draft_data import example_starts
 
 START_ID = 1  # <|im_start|>: examples begin at one (draft_data.example_starts)

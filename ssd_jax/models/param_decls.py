@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from .config import ModelConfig
-from .sharding import EMBED, HEAD_DIM, KV_HEADS, MLP, OUT_VOCAB, Q_HEADS, TOKEN_TABLE, VOCAB
+from ..sharding import EMBED, HEAD_DIM, KV_HEADS, MLP, OUT_VOCAB, Q_HEADS, TOKEN_TABLE, VOCAB
 
 # Initialisers: 'normal' draws N(0, scale^2); 'normal1' N(0, 1) (embeddings); 'ones' (norm weights); 'head_ids' and
 # 'vocab_map' (the reduced-vocabulary tables, int32, deterministic).

@@ -120,7 +120,7 @@ def dot_rows(x, w: BlockWeight, use_kernel: bool):
   """Returns x @ W^T for x [..., C] and W = dequantize_rows(w) [R, C], in x's dtype: through the few-row CPU kernel
   when `use_kernel` (float32 x), else dequantize then the product in float32."""
   if use_kernel:
-    from .kernels import rows_matmul
+    from ..kernels import rows_matmul
     return rows_matmul.blocks_matmul(x, w).astype(x.dtype)
   y = jnp.einsum("...k,nk->...n", x.astype(jnp.float32), dequantize_rows(w))
   return y.astype(x.dtype)

@@ -100,7 +100,7 @@ def byte_level_tokenizer() -> Tokenizer:
 class TextTokenizer:
   """Encode/decode, the chat template and the end-of-sequence ids of a model.
 
-  template: the model's Jinja chat template (ssd_jax/chat_template.py), or None for the built-in ChatML one of
+  template: the model's Jinja chat template (ssd_jax/models/chat_template.py), or None for the built-in ChatML one of
   SmolLM2 (`chat_template` below), used when the vocabulary has <|im_start|>/<|im_end|>; without either, only raw
   prompts encode. eos_ids: the ids that end a reply (default: <|im_end|>); eos_id is the one the tokenizer names
   (the end of an assistant turn), kept for callers that write one. special_tokens: bos_token, eos_token, ... as

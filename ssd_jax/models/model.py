@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import ModelConfig, RopeScaling
-from .kernels import MaskInfo, attention, causal_mask_info, rows_matmul
-from .kernels.platform import kernel_platform
+from ..kernels import MaskInfo, attention, causal_mask_info, rows_matmul
+from ..kernels.platform import kernel_platform
 from .kv_cache import KVCache
 from . import blocks, param_decls, quant
 
@@ -201,7 +201,7 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
 
   features: the residual stream after each block in `feature_layers` (0-based block indices, static), concatenated
   on the last axis, [B, T, len(feature_layers) * d] (logical axes `sharding.FEATURE_AXES`): what an EAGLE draft
-  reads (ssd_jax/eagle.py). None when `feature_layers` is empty. Taking them costs no second pass.
+  reads (ssd_jax/models/eagle.py). None when `feature_layers` is empty. Taking them costs no second pass.
   """
   if any(not 0 <= i < cfg.n_layers for i in feature_layers):
     raise ValueError(f"feature_layers {feature_layers} must lie in [0, {cfg.n_layers})")

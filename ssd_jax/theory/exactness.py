@@ -15,8 +15,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from . import model
-from .config import ModelConfig
+from ..models import model
+from ..models.config import ModelConfig
 
 # Logit gap (max logit minus the emitted token's) below which two tokens count as tied, relative to the row's
 # largest |logit|: bfloat16 keeps 8 significant bits (relative rounding 2^-9 per value) and a few roundings along

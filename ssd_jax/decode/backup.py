@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .timing_model import neural_backup_better
+from ..theory.timing_model import neural_backup_better
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "k", "vocab"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START
+from ..models.tokenizer import DEFAULT_SYSTEM, IM_END, IM_START
 
 BENCHMARKS = {
     # name: (pip requirement, module, path inside the module)
@@ -43,7 +43,7 @@ def _jsonl(path: str):
     return [json.loads(line) for line in f if line.strip()]
 
 
-# What a HumanEval prompt (a function stub) is wrapped in; ssd_jax.synthetic's code prompts use the same words.
+# What a HumanEval prompt (a function stub) is wrapped in; ssd_jax.data.synthetic's code prompts use the same words.
 CODE_HEADER = "Complete the following Python function.\n\n"
 
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from . import settings
+from .. import settings
 from .config import ModelConfig
 
 
