@@ -95,6 +95,24 @@ def test_rows_matmul_row_does_not_depend_on_row_count(arch, k, n, transposed):
     np.testing.assert_array_equal(np.asarray(got), alone[:m], err_msg=f"{arch}: {m} rows")
 
 
+@pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("k", [576, 37, 8, 1])
+def test_row_sum_squares_row_does_not_depend_on_row_count(arch, k):
+  """RMSNorm's sum of squares: each row gets bit for bit what it gets alone, whatever the row count (XLA's reduce
+  does not: 8 or more rows of 576 changed its order), close to the float64 sum; its gradient is 2 x."""
+  rng = np.random.default_rng(k)
+  x = jnp.asarray(rng.standard_normal((3, 11, k), dtype=np.float32))
+  call = rows_matmul.sum_squares_variant(arch)
+  alone = np.stack([np.asarray(call(x[b, t:t + 1])) for b in range(3) for t in range(11)]).reshape(3, 11, 1)
+  np.testing.assert_allclose(alone, np.sum(np.asarray(x, np.float64) ** 2, -1, keepdims=True), rtol=1e-5)
+  for b in (1, 2, 3):
+    for t in (1, 4, 11):
+      np.testing.assert_array_equal(np.asarray(call(x[:b, :t])), alone[:b, :t], err_msg=f"{arch}: {b}x{t} rows")
+  g = jax.grad(lambda x: jnp.sum(rows_matmul.row_sum_squares(x) * 3.0))(x)
+  np.testing.assert_allclose(np.asarray(g), 6.0 * np.asarray(x), rtol=1e-6)
+
+
 _FIRST_USE = """
 import jax.numpy as jnp
 from ssd_jax.kernels import masked_attention as a, rows_matmul as r

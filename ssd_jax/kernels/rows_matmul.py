@@ -1,6 +1,6 @@
 """Few-row matrix products on XLA:CPU through a small C++ FFI kernel (ssd_jax/kernels/cpu/rows_matmul.cc): float32 or
 bfloat16 weights (`rows_matmul`), GGUF Q8_0/Q4_1 blocks (`blocks_matmul`, ssd_jax/models/blocks.py); float32
-activations.
+activations; and each row's sum of squares in a fixed order (`row_sum_squares`, RMSNorm's).
 
 The kernel is compiled on first use (cpu_ffi.py). Where that is impossible (no compiler, another platform)
 `available()` is False and callers use plain jnp products. `ref_rows_matmul` is the reference.
@@ -19,7 +19,8 @@ from . import cpu_ffi
 
 _TARGETS = {"ssd_rows_matmul": "SsdRowsMatmul", "ssd_rows_matmul_t": "SsdRowsMatmulT",
             "ssd_rows_q8_0_t": "SsdRowsQ80T", "ssd_rows_q4_1_t": "SsdRowsQ41T",
-            "ssd_rows_matmul_bf16": "SsdRowsMatmulBf16", "ssd_rows_matmul_bf16_t": "SsdRowsMatmulBf16T"}
+            "ssd_rows_matmul_bf16": "SsdRowsMatmulBf16", "ssd_rows_matmul_bf16_t": "SsdRowsMatmulBf16T",
+            "ssd_rows_sumsq": "SsdRowsSumSq"}
 
 
 def available() -> bool:
@@ -145,3 +146,37 @@ def blocks_variant(arch: str):
   """Returns blocks_matmul(x, w) through the kernel built for `arch` (as `variant`; for tests)."""
   targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
   return lambda x, w: _blocks_local(x, w, targets)
+
+
+def _sum_squares_local(x, targets: dict[str, str] | None = None):
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (1,), jnp.float32)
+  return jax.ffi.ffi_call((targets or {}).get("ssd_rows_sumsq", "ssd_rows_sumsq"), out, vmap_method="broadcast_all")(x)
+
+
+@jax.custom_jvp
+def _sum_squares(x):
+  return _sum_squares_local(x)
+
+
+@_sum_squares.defjvp
+def _sum_squares_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  return _sum_squares(x), 2.0 * jnp.sum(x * dx, axis=-1, keepdims=True)
+
+
+def row_sum_squares(x):
+  """Returns sum(x * x) over the last axis, kept ([..., 1], float32), for float32 x through the CPU kernel: each
+  row's sum in one fixed order, whatever the number of rows (XLA's reduce promises no order: on XLA:CPU a reduction
+  of 8 or more rows of 576 goes to a YNNPACK fusion that sums in another order than the loop it emits for fewer
+  rows, so RMSNorm of a verify row differed from the AR row in the last bit). Raises like rows_matmul where the
+  kernel is not available; `jnp.sum(x * x, -1, keepdims=True)` is the portable form."""
+  cpu_ffi.require("rows_matmul", _TARGETS, "jnp.sum(x * x, -1, keepdims=True)")
+  if x.dtype != jnp.float32:
+    raise TypeError(f"row_sum_squares takes float32 x, got {x.dtype}")
+  return _sum_squares(x)
+
+
+def sum_squares_variant(arch: str):
+  """Returns row_sum_squares(x) through the kernel built for `arch` (as `variant`; for tests)."""
+  targets = cpu_ffi.register_variant("rows_matmul", _TARGETS, arch)
+  return lambda x: _sum_squares_local(x, targets)

@@ -90,10 +90,16 @@ def dense(x: jax.Array, w, platform: str | None = None) -> jax.Array:
   return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-  """Returns x / rms(x) * w, computed in float32."""
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, platform: str | None = None) -> jax.Array:
+  """Returns x / rms(x) * w, computed in float32. In a program for a CPU each row's sum of squares goes through the
+  C++ kernel (rows_matmul.row_sum_squares: one fixed order whatever the row count, so a verify row is normed bit
+  for bit as the AR row; XLA's reduce changes order with the row count); elsewhere XLA's reduce."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if kernel_platform(platform) == "cpu" and rows_matmul.available():
+    ss = rows_matmul.row_sum_squares(x32)
+  else:
+    ss = jnp.sum(x32 * x32, axis=-1, keepdims=True)
+  y = x32 * jax.lax.rsqrt(ss / x.shape[-1] + eps)
   return (y * w).astype(x.dtype)
 
 
@@ -175,13 +181,13 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
   """One transformer block. Writes the new K/V into this layer's cache [B, S, G, D]; returns (x, k_cache, v_cache)."""
   b, t, _ = x.shape
   H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-  h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+  h = rms_norm(x, lp["attn_norm"], cfg.rms_eps, platform)
   q, k, v = dense(h, lp["wq"], platform), dense(h, lp["wk"], platform), dense(h, lp["wv"], platform)
   if cfg.attn_bias:
     q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
   q, k = q.reshape(b, t, H, D), k.reshape(b, t, G, D)
   if cfg.qk_norm:  # Qwen3: each head's q and k normalised over head_dim, before RoPE
-    q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps), rms_norm(k, lp["k_norm"], cfg.rms_eps)
+    q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps, platform), rms_norm(k, lp["k_norm"], cfg.rms_eps, platform)
   inv_freq = rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling)
   q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
   rows = jnp.arange(b)[:, None]
@@ -190,7 +196,7 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
   v_cache = v_cache.at[rows, write_slots].set(v.reshape(b, t, G, D).astype(v_cache.dtype), mode="drop")
   o = attention(q, k_cache, v_cache, mask, impl=attn_impl, platform=platform)
   x = x + dense(o.reshape(b, t, H * D), lp["wo"], platform)
-  h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+  h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps, platform)
   x = x + dense(jax.nn.silu(dense(h, lp["w_gate"], platform)) * dense(h, lp["w_up"], platform), lp["w_down"], platform)
   return x, k_cache, v_cache
 
@@ -213,7 +219,7 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
     vs.append(vc)
     if i in feature_layers:
       taken[i] = x
-  x = rms_norm(x, params["final_norm"], cfg.rms_eps)
+  x = rms_norm(x, params["final_norm"], cfg.rms_eps, platform)
   feats = jnp.concatenate([taken[i] for i in feature_layers], axis=-1) if feature_layers else None
   return x, cache.replace(k=ks, v=vs), feats
 

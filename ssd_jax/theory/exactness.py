@@ -1,8 +1,9 @@
 """What "greedy speculative decoding is exact" means, and the check of it, by precision and backend.
 
 - float32 params on a CPU (the default there): bit for bit. Every product of up to ROWS_KERNEL_MAX rows goes through
-  the few-row C++ kernel, whose row results do not depend on how many rows share the call, so a verify row equals the
-  AR row and greedy SD/SSD emit AR's tokens exactly (tests/test_sd.py, test_ssd.py).
+  the few-row C++ kernel, whose row results do not depend on how many rows share the call, and so does RMSNorm's sum
+  of squares (XLA's reduce changes order with the row count), so a verify row equals the AR row at every batch size
+  and greedy SD/SSD emit AR's tokens exactly (tests/test_batch_exact.py, test_sd.py, test_ssd.py).
 - 16-bit params, or any accelerator: teacher-forced, as the field defines it. XLA's products promise no batch
   invariance (a row's rounding depends on the tiling the row count picks) and 16-bit activations round at every
   layer, so a verify of K+1 rows and an AR step may round a near-tie either way. Exact then means: every emitted

@@ -521,6 +521,26 @@ ffi::Error RowsQ41TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Bu
   return BlocksT<Q41>(x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
 }
 
+// Each row's sum of squares (RMSNorm's), in one fixed order whatever the row count: eight running sums over k
+// (lane k % 8, unfused multiply then add), the tail added to lanes in order, then a fixed tree over the lanes.
+// XLA's reduce promises no order (on XLA:CPU, 8 or more rows of 576 go to a YNNPACK fusion that sums differently).
+ffi::Error RowsSumSqImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> y) {
+  auto dims = x.dimensions();
+  const int64_t M = Rows(x), K = dims.size() == 0 ? 1 : dims[dims.size() - 1];
+  const float* X = x.typed_data();
+  float* Y = y->typed_data();
+  for (int64_t r = 0; r < M; ++r) {
+    const float* p = X + r * K;
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+      for (int l = 0; l < 8; ++l) a[l] = a[l] + p[k + l] * p[k + l];
+    for (int l = 0; k + l < K; ++l) a[l] = a[l] + p[k + l] * p[k + l];
+    Y[r] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, (RowsMatmulImpl<float, ffi::F32>),
@@ -542,3 +562,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16, (RowsMatmulImpl<Bf16, ffi::BF16
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16T, (RowsMatmulTImpl<Bf16, ffi::BF16>),
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsSumSq, RowsSumSqImpl,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
