@@ -15,6 +15,7 @@ import pytest
 from ssd_jax.kernels import rows_matmul
 from ssd_jax.models import checkpoints, model
 from ssd_jax.models.config import tiny_config
+from ssd_jax.models.families import CheckpointError
 from ssd_jax.models.kv_cache import KVCache
 
 pytestmark = pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernels")
@@ -69,3 +70,13 @@ def test_real_target_verify_logits_equal_ar_logits_bit_for_bit():
   cfg, params = checkpoints.load_checkpoint(path, "float32")[:2]
   _check(params, cfg, 2, True)
   _check(params, cfg, 3, False)
+
+
+def test_real_target_in_gguf_blocks_verify_logits_equal_ar_logits_bit_for_bit():
+  """The same with the target's Q8_0/Q4_1 matrices kept in their blocks (the block kernel's path)."""
+  try:
+    checkpoints.locate_smollm2_gguf(fetch=False)
+  except CheckpointError:
+    pytest.skip("the SmolLM2 GGUF is not here")
+  cfg, params, _ = checkpoints.load_model("smollm2-135m-instruct", keep_blocks=True)
+  _check(params, cfg, 2, True)
