@@ -163,3 +163,19 @@ def test_cpu_attention_kernel_attends_over_local_heads():
   assert "all-gather" not in f.lower(*args).compile().as_text()
   np.testing.assert_allclose(np.asarray(f(*args)), np.asarray(attn.ref_attention(q, k, v, mask)), rtol=2e-5,
                              atol=2e-5)
+
+
+def test_rms_norm_kernel_sums_local_heads():
+  # Qwen3's per-head q/k norms under tensor parallelism: each device sums its own heads' squares (the CPU kernel's
+  # sharding rule); without it XLA all-gathers q and k before the custom call. The logits equal one device's.
+  from ssd_jax.kernels import rows_matmul
+  from ssd_jax.models.kv_cache import KVCache
+  if not rows_matmul.available():
+    pytest.skip("CPU kernel not built here")
+  cfg = tiny_config(vocab_size=256, qk_norm=True)
+  params = model.init_params(jax.random.key(0), cfg)
+  placed = make_placement(2, 0).shard_target(params, cfg)
+  tokens, cache = jnp.zeros((2, 3), jnp.int32), KVCache.init(cfg, 2, 32)
+  f = jax.jit(lambda p, t, c: model.forward_causal(p, t, c, cfg)[0])
+  assert "all-gather" not in f.lower(placed, tokens, cache).compile().as_text()
+  np.testing.assert_array_equal(np.asarray(f(placed, tokens, cache)), np.asarray(f(params, tokens, cache)))

@@ -150,12 +150,39 @@ def blocks_variant(arch: str):
 
 def _sum_squares_local(x, targets: dict[str, str] | None = None):
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (1,), jnp.float32)
-  return jax.ffi.ffi_call((targets or {}).get("ssd_rows_sumsq", "ssd_rows_sumsq"), out, vmap_method="broadcast_all")(x)
+  name = (targets or {}).get("ssd_rows_sumsq", "ssd_rows_sumsq")
+  return jax.ffi.ffi_call(name, out, vmap_method="broadcast_all")(x)
+
+
+def _lead_spec(x_sharding, ndim: int):
+  """The leading axes' split of x (rows are independent); the summed axis must be whole."""
+  spec = (tuple(getattr(x_sharding, "spec", ())) + (None,) * ndim)[:ndim]
+  return P(*spec[:-1], None)
+
+
+@custom_partitioning
+def _sum_squares_partitioned(x):
+  return _sum_squares_local(x)
+
+
+def _sumsq_infer(mesh, arg_shapes, result_shape):
+  return NamedSharding(mesh, _lead_spec(arg_shapes[0].sharding, len(arg_shapes[0].shape)))
+
+
+def _sumsq_partition(mesh, arg_shapes, result_shape):
+  # Each device sums its own rows (e.g. its query heads under tensor parallelism): without this rule XLA would
+  # all-gather x onto every device before the custom call.
+  spec = NamedSharding(mesh, _lead_spec(arg_shapes[0].sharding, len(arg_shapes[0].shape)))
+  return mesh, _sum_squares_local, spec, (spec,)
+
+
+_sum_squares_partitioned.def_partition(partition=_sumsq_partition, infer_sharding_from_operands=_sumsq_infer,
+                                       sharding_rule="... d -> ... o")
 
 
 @jax.custom_jvp
 def _sum_squares(x):
-  return _sum_squares_local(x)
+  return _sum_squares_partitioned(x)
 
 
 @_sum_squares.defjvp
