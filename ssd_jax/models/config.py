@@ -38,6 +38,14 @@ class RopeScaling:
       raise ValueError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {self}")
 
 
+def from_known_fields(cls, d: dict[str, Any]):
+  """Returns the dataclass `cls` built from the dict `d`, refusing (one line) any key that is not one of its fields."""
+  unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+  if unknown:
+    raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+  return cls(**d)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Shape of a Llama-architecture decoder: Llama 1-3.x, Mistral-style, Qwen2 (attention biases), Qwen3 (q/k norms),
@@ -95,11 +103,7 @@ class ModelConfig:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - fields
-    if unknown:
-      raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
-    return cls(**d)
+    return from_known_fields(cls, d)
 
   @classmethod
   def from_json(cls, s: str) -> "ModelConfig":

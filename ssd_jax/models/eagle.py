@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels import MaskInfo, attention
+from .config import from_known_fields
 from .kv_cache import KVCache
 from .model import apply_rope, dense, rms_norm, rope_inv_freq
 
@@ -81,11 +82,7 @@ class EagleConfig:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "EagleConfig":
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - fields
-    if unknown:
-      raise ValueError(f"unknown EagleConfig fields: {sorted(unknown)}")
-    return cls(**d)
+    return from_known_fields(cls, d)
 
 
 def default_feature_layers(n_layers: int) -> tuple:
