@@ -129,6 +129,7 @@ def ignored_options(args, mode: str) -> list[str]:
   """Returns the options (as --flags) set away from their defaults that `mode` does not read."""
   unread = {"ar": DRAFT_ONLY + SSD_ONLY, "sd": SSD_ONLY}.get(mode, ())
   parser = make_parser()
+  unread += ("draft",) if mode == "ar" and args.draft != "none" else ()
   return ["--" + d.replace("_", "-") for d in unread if getattr(args, d) != parser.get_default(d)]
 
 
@@ -165,6 +166,8 @@ def main(argv=None):
 
   # What runs, decided before any weights are read, as api.load decides it: bad input fails here, in a second.
   no_draft = args.mode == "ar" or args.draft == "none"  # (a run in the default mode may still end up AR)
+  if args.mode == "ar" and args.draft not in ("default", "none"):
+    api.draft_dir(args.draft)  # unread under ar (a warning below), but a draft that is not there is still a mistake
   plan = api.prepare(args.target, None if no_draft else args.draft, args.attention, args.target_devices,
                      args.draft_devices, args.ssd_placement, args.dtype, args.quantize,
                      None if args.mode == "ar" else args.draft_head_vocab, args.kv_dtype)

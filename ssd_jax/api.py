@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 
 from . import defaults
 from .models import checkpoints, drafts, quant
-from .models.config import ModelConfig
+from .models.config import ModelConfig, check_same_vocabulary
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
 from .theory.fan_out import CALIBRATION_FILE, read_calibration
 from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
@@ -61,9 +61,8 @@ class Pipeline:
     weight format as loaded (load's `weights`, resolved), part of what its measured step costs are kept under."""
     s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights)
     self.weights, self.kv_dtype, self.ssd_placement = s.weights, s.kv_dtype, s.ssd_placement
-    if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
-      raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
-                       f"({target.cfg.vocab_size}); a draft must share the target's tokenizer")
+    if draft is not None:
+      check_same_vocabulary(draft.cfg, target.cfg, draft.path)
     self.target, self.draft, self.tokenizer, self.attn_impl = target, draft, tokenizer, attn_impl
     # Default: the target on the first device and the draft (SSD) on the next one, when the platform has two.
     self.placement = placement or make_placement(1, 1)

@@ -134,6 +134,18 @@ def test_options_the_mode_does_not_read_are_listed():
   assert decode.ignored_options(args, "sd") == ssd_only
   assert decode.ignored_options(args, "ar") == ["--k"] + ssd_only
   assert decode.ignored_options(decode.parse_args([]), "ar") == []  # defaults are never reported
+  assert decode.ignored_options(decode.parse_args(["--draft", "d"]), "ar") == ["--draft"]
+  assert decode.ignored_options(decode.parse_args(["--draft", "d"]), "sd") == []
+  assert decode.ignored_options(decode.parse_args(["--draft", "none"]), "ar") == []  # asks for what ar does
+
+
+def test_ar_still_refuses_a_draft_that_is_not_there(tmp_path):
+  """--mode ar reads no draft, but a --draft path that does not exist is a mistake worth one line, not silence."""
+  r = run("decode.py", "--mode", "ar", "--draft", str(tmp_path / "missing"), "--max-new-tokens", "1", "--prompt", "Hi")
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.strip() == f"decode.py: error: no model named or found at '{tmp_path / 'missing'}'"
+  sd = run("decode.py", "--mode", "sd", "--draft", str(tmp_path / "missing"), "--max-new-tokens", "1", "--prompt", "Hi")
+  assert sd.returncode == 2 and sd.stderr == r.stderr  # the same line as a mode that reads it
 
 
 def test_decode_warns_about_options_the_mode_ignores_and_runs():

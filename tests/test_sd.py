@@ -157,8 +157,24 @@ def test_sd_bad_input(pair):
   with pytest.raises(ValueError, match="K=200 needs"):  # tiny context is 512 tokens
     SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=200)).generate([[1] * 100], DecodeOptions(max_new_tokens=250))
   other = tiny_config(vocab_size=65)
-  with pytest.raises(ValueError, match="vocabulary"):
+  line = "draft has a vocabulary of 65 tokens, the target 64; a draft must share the target's tokenizer"
+  with pytest.raises(ValueError, match=f"^{line}$"):
     SDDecoder(cfg, tp, other, model.init_params(jax.random.key(0), other), SpecOptions(k=2))
+
+
+def test_a_draft_of_another_vocabulary_reads_one_line_wherever_it_is_paired(pair):
+  """One check of the pair's vocabulary (config.check_same_vocabulary): the decoders and a Pipeline built by hand
+  say the same line (the Pipeline with the draft's path)."""
+  from ssd_jax.api import LoadedModel, Pipeline
+  from ssd_jax.decode import SSDDecoder
+  cfg, tp = pair
+  other = tiny_config(vocab_size=65)
+  op = model.init_params(jax.random.key(0), other)
+  tail = "has a vocabulary of 65 tokens, the target 64; a draft must share the target's tokenizer"
+  with pytest.raises(ValueError, match=f"^draft {tail}$"):
+    SSDDecoder(cfg, tp, other, op, SpecOptions(k=2))
+  with pytest.raises(ValueError, match=f"^draft /d/x {tail}$"):
+    Pipeline(LoadedModel(cfg, tp, "/t"), None, LoadedModel(other, op, "/d/x"))
 
 
 @pytest.mark.parametrize("decoder", ["sd", "ssd"])

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..models.config import ModelConfig
+from ..models.config import ModelConfig, check_same_vocabulary
 from ..theory.fan_out import geometric_from, parse_fan_out
 from ..settings import SSD_PLACEMENTS, check_choice
 from .auto_k import AUTO, K_MAX
@@ -173,8 +173,7 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOption
     # verify reads p by token id and draws the bonus over p's rows: both need p over the whole vocabulary.
     raise ValueError(f"the target {target_cfg.name!r} has a reduced head ({target_cfg.head_vocab} of "
                      f"{target_cfg.vocab_size} tokens); speculative decoding verifies with a full-vocabulary target")
-  if draft_cfg.vocab_size != target_cfg.vocab_size:
-    raise ValueError(f"draft vocabulary ({draft_cfg.vocab_size}) differs from the target's ({target_cfg.vocab_size})")
+  check_same_vocabulary(draft_cfg, target_cfg)
   if getattr(draft_cfg, "kind", None) == "eagle":
     from ..models.eagle import check_target
     check_target(draft_cfg, target_cfg)

@@ -115,6 +115,15 @@ SMOLLM2_135M = ModelConfig(
     rms_eps=1e-5, rope_theta=100000.0, tie_embeddings=True, max_seq_len=8192, name="smollm2-135m-instruct")
 
 
+def check_same_vocabulary(draft_cfg, target_cfg, where: str = "", error=ValueError) -> None:
+  """Raises `error` (one line) unless the draft's vocabulary has the target's size: the one check of it, wherever a
+  pair is put together (load, a Pipeline, the decoders, the placement plan). `where`: the draft's path, if known."""
+  dv, tv = draft_cfg.vocab_size, target_cfg.vocab_size
+  if dv != tv:
+    raise error(f"draft{' ' + where if where else ''} has a vocabulary of {dv} tokens, the target {tv}; a draft must "
+                f"share the target's tokenizer")
+
+
 def tiny_config(vocab_size: int = 64, **overrides) -> ModelConfig:
   """A tiny model for tests: 2 layers, d_model 32, GQA 4/2."""
   base = dict(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48,

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, check_same_vocabulary
 from .families import CheckpointError
 
 
@@ -68,10 +68,7 @@ def _strings(tok) -> list:
 def check_shared_tokenizer(draft_cfg, draft_tok, target_cfg, target_tok, where: str) -> None:
   """Raises CheckpointError (one line, the first mismatch) unless the draft at `where` shares the target's
   vocabulary: the same vocab_size and, when both have a tokenizer, the same token string for every id."""
-  dv, tv = draft_cfg.vocab_size, target_cfg.vocab_size
-  if dv != tv:
-    raise CheckpointError(f"draft {where} has a vocabulary of {dv} tokens, the target {tv}; a draft must share the "
-                          f"target's tokenizer")
+  check_same_vocabulary(draft_cfg, target_cfg, where, CheckpointError)
   if draft_tok is None or target_tok is None:
     return
   d, t = _strings(draft_tok), _strings(target_tok)

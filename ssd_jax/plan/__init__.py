@@ -13,6 +13,7 @@ scripts/plan.py is the command line.
 from __future__ import annotations
 
 from .compile import compile_round, tpu_devices
+from ..models.config import check_same_vocabulary
 from .configs import CONFIGS, named
 from .devices import device, topology_name
 from .estimate import calibrate
@@ -29,9 +30,7 @@ def make_plan(target: str, draft: str, target_devices: int, device_name: str, dt
   """Returns the plan: memory per device, the estimate beside the paper's figures, facts, and for a TPU the
   compiler's view of every program (depths None: full depth). Arguments as scripts/plan.py's flags."""
   tcfg, dcfg = named(target), named(draft)
-  if tcfg.vocab_size != dcfg.vocab_size:
-    raise ValueError(f"{tcfg.name} and {dcfg.name} have different vocabularies ({tcfg.vocab_size} vs "
-                     f"{dcfg.vocab_size}): a draft must share the target's tokenizer")
+  check_same_vocabulary(dcfg, tcfg, dcfg.name)
   if target_devices < 1 or batch < 1 or prompt < 1 or new_tokens < 1:
     raise ValueError("--target-devices, --batch, --prompt and --new-tokens must be >= 1")
   dev = device(device_name)
