@@ -306,45 +306,15 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::Result
 
 // ---- y[M, N] = x[M, K] @ w[N, K]^T, weights in GGUF blocks of 32 along K (Q8_0, Q4_1) as the file stores them ----
 //
-// The dot form above with each weight vector widened in registers instead of loaded: a block's kW-wide chunk is
-// converted to float and scaled exactly as gguf's dequantize does (Q8_0: d * q; Q4_1: fl(d * q) + m, where d * q is
-// exact in float32: an 11-bit half times an 8- or 4-bit integer), then accumulated by the same Fma()s, the same
-// reduction tree. So a row's result equals the float32 dot form on the dequantized weights, bit for bit, and does
-// not depend on the row count. Each weight byte is read once for all M rows.
+// The dot form above with each weight vector widened in registers instead of loaded: each block's 32 weights become
+// kQK / kW vectors holding exactly what gguf's dequantize gives (Q8_0: d * q; Q4_1: fl(d * q) + m, where d * q is
+// exact in float32: an 11-bit half times an 8- or 4-bit integer), element k in lane k % kW as the dot form loads it,
+// then accumulated by the same Fma()s in k order, the same reduction tree. So a row's result equals the float32 dot
+// form on the dequantized weights, bit for bit, and does not depend on the row count. Each weight byte is read once
+// for all M rows. One row costs about 7 vector operations a Q4_1 block on AVX-512 (table, extend, shift, two picks,
+// two multiply-adds) and each further row two multiply-adds a block: the float32 FMA per weight per row is the floor
+// of an exact product.
 constexpr int kQK = 32;  // weights per block
-
-// kW int8 (or 4-bit: the low or high nibbles of kW bytes) values widened to float, exactly.
-inline vf WidenS8(const int8_t* p) {
-#if SSD_VW == 16
-  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-      reinterpret_cast<const __m128i*>(p)))));
-#elif defined(__AVX2__)
-  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-      reinterpret_cast<const __m128i*>(p)))));
-#else
-  vf r;
-  for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(p[i]);
-  return r;
-#endif
-}
-
-inline vf WidenNibbles(const uint8_t* p, bool high) {
-#if SSD_VW == 16 || defined(__AVX2__)
-  const __m128i* q = reinterpret_cast<const __m128i*>(p);
-  __m128i v = SSD_VW == 16 ? _mm_loadu_si128(q) : _mm_loadl_epi64(q);
-  if (high) v = _mm_srli_epi16(v, 4);
-  v = _mm_and_si128(v, _mm_set1_epi8(15));
-#if SSD_VW == 16
-  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
-#else
-  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
-#endif
-#else
-  vf r;
-  for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(high ? p[i] >> 4 : p[i] & 15);
-  return r;
-#endif
-}
 
 // IEEE half to float (exact: every half is a float).
 inline float Half(uint16_t h) {
@@ -382,35 +352,6 @@ struct Blocks {
   int64_t K;
 };
 
-struct Q80 {  // q: int8 values
-  static constexpr int kQBytes = kQK;
-  static constexpr bool kMin = false;
-  static vf Chunk(const uint8_t* p, int c, vf d, vf) {
-    return WidenS8(reinterpret_cast<const int8_t*>(p) + c * kW) * d;
-  }
-};
-
-struct Q41 {  // q: byte j of a block holds element j in its low nibble, element j + 16 in its high nibble
-  static constexpr int kQBytes = kQK / 2;
-  static constexpr bool kMin = true;
-  // fl(d * q + m) fused or not is the same number: d * q is exact in float32, so the one rounding is the add's.
-  // With 16 lanes the block's 16 possible weights are one register: each nibble picks its weight (vpermps), which
-  // takes two vector operations fewer per chunk than widening the nibbles and scaling them.
-  static vf Chunk(const uint8_t* p, int c, vf d, vf m) {
-#if SSD_VW == 16
-    const vf table = Fma(vf{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, d, m);
-    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    if (c == 1) v = _mm_srli_epi16(v, 4);
-    v = _mm_and_si128(v, _mm_set1_epi8(15));
-    return reinterpret_cast<vf>(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), reinterpret_cast<__m512>(table)));
-#else
-    return Fma(WidenNibbles(p + (c * kW) % kQBytes, c * kW >= kQBytes), d, m);
-#endif
-  }
-};
-
-constexpr int kScaleGroup = 16;  // blocks whose scales are widened at once
-
 // a in every lane as it is: one broadcast (Splat's vf{} + a costs a scalar add first, and turns a -0 scale into +0,
 // where gguf's d * q keeps the sign of zero).
 inline vf Bcast(float a) {
@@ -424,6 +365,69 @@ inline vf Bcast(float a) {
   return v;
 #endif
 }
+
+// A block's kQK weights widened to float32 as kC vectors (vector c: elements [c * kW, (c + 1) * kW)), exactly as
+// gguf dequantizes them. A whole block at a time: its bytes are loaded and zero- or sign-extended once, not per vector.
+constexpr int kC = kQK / kW;
+
+struct Q80 {  // q: int8 values; w = d * q
+  static constexpr int kQBytes = kQK;
+  static constexpr bool kMin = false;
+  static void Widen(const uint8_t* p, float d, float, vf* e) {
+    const vf dv = Bcast(d);
+    for (int c = 0; c < kC; ++c) {
+#if SSD_VW == 16
+      const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + c * kW)));
+      e[c] = reinterpret_cast<vf>(_mm512_cvtepi32_ps(v)) * dv;
+#elif defined(__AVX2__)
+      const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + c * kW)));
+      e[c] = reinterpret_cast<vf>(_mm256_cvtepi32_ps(v)) * dv;
+#else
+      vf r;
+      for (int i = 0; i < kW; ++i) r[i] = static_cast<float>(reinterpret_cast<const int8_t*>(p)[c * kW + i]);
+      e[c] = r * dv;
+#endif
+    }
+  }
+};
+
+struct Q41 {  // q: byte j of a block holds element j in its low nibble, element j + 16 in its high nibble
+  static constexpr int kQBytes = kQK / 2;
+  static constexpr bool kMin = true;
+  // w = fl(d * q + m), fused or not the same number: d * q is exact in float32, so the one rounding is the add's.
+  static void Widen(const uint8_t* p, float d, float m, vf* e) {
+#if SSD_VW == 16
+    // The block's 16 possible weights are one register (d * iota + m), and each nibble picks its weight (vpermps, which
+    // reads only an index's low 4 bits): the 16 bytes are zero-extended once, the low nibbles index as they are and
+    // the high ones after a shift; no int-to-float conversion and no multiply-add per weight.
+    const vf table = Fma(vf{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, Bcast(d), Bcast(m));
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    e[0] = reinterpret_cast<vf>(_mm512_permutexvar_ps(idx, reinterpret_cast<__m512>(table)));
+    e[1] = reinterpret_cast<vf>(_mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), reinterpret_cast<__m512>(table)));
+#elif defined(__AVX2__)
+    // Bytes 0-7 and 8-15 zero-extended once each; low nibbles by a mask, high ones by a shift.
+    const vf dv = Bcast(d), mv = Bcast(m);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    const __m256i f = _mm256_set1_epi32(15);
+    const __m256i q[kC] = {_mm256_and_si256(lo, f), _mm256_and_si256(hi, f), _mm256_srli_epi32(lo, 4),
+                           _mm256_srli_epi32(hi, 4)};
+    for (int c = 0; c < kC; ++c) e[c] = Fma(reinterpret_cast<vf>(_mm256_cvtepi32_ps(q[c])), dv, mv);
+#else
+    const vf dv = Bcast(d), mv = Bcast(m);
+    for (int c = 0; c < kC; ++c) {
+      vf r;
+      for (int i = 0; i < kW; ++i) {
+        const int j = c * kW + i;
+        r[i] = static_cast<float>(j < kQBytes ? p[j] & 15 : p[j - kQBytes] >> 4);
+      }
+      e[c] = Fma(r, dv, mv);
+    }
+#endif
+  }
+};
+
+constexpr int kScaleGroup = 16;  // blocks whose scales are widened at once
 
 template <int M, int NR, typename B>
 inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64_t N, int64_t n) {
@@ -453,16 +457,14 @@ inline void BlockDot(const float* X, const Blocks& w, float* Y, int64_t K, int64
       const int64_t b = g + j;
       if (pref && (b * B::kQBytes) % 64 == 0)
         for (int r = 0; r < NR; ++r) __builtin_prefetch(ahead[r] + b * B::kQBytes, 0, 2);
-      for (int c = 0; c < kQK / kW; ++c) {
-        const int64_t k = b * kQK + c * kW;
-        vf e[NR];
-        for (int r = 0; r < NR; ++r)
-          e[r] = B::Chunk(qr[r] + b * B::kQBytes, c, Bcast(sd[r][j]), B::kMin ? Bcast(sm[r][j]) : vf{});
+      // The NR rows' blocks widened (kC vectors each), then each input vector loaded once for all NR rows.
+      vf e[NR][kC];
+      for (int r = 0; r < NR; ++r) B::Widen(qr[r] + b * B::kQBytes, sd[r][j], B::kMin ? sm[r][j] : 0.f, e[r]);
+      for (int c = 0; c < kC; ++c)
         for (int m = 0; m < M; ++m) {
-          const vf x = Load(X + m * K + k);
-          for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r], acc[m][r]);
+          const vf x = Load(X + m * K + b * kQK + c * kW);
+          for (int r = 0; r < NR; ++r) acc[m][r] = Fma(x, e[r][c], acc[m][r]);
         }
-      }
     }
   }
   for (int m = 0; m < M; ++m)
