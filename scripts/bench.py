@@ -289,7 +289,7 @@ class Runner:
 
   def __init__(self, pipe, peer, args):
     self.pipe, self.peer, self.args = pipe, peer, args
-    self.auto_k = {}  # label -> [{batch, prefix, k, predicted_sd_over_ar}] per batch run with k='auto'
+    self.auto_k = {}  # label -> [{batch, prefix, k, predicted_sd_over_ar}] per batch run of SD or with k='auto'
 
   def __call__(self, variant, ids):
     if self.args.baseline_cores == "target" and variant.mode != "ssd":
@@ -316,6 +316,8 @@ class Runner:
     if spec.auto and mode != "ar":  # as generate_ids resolves it for this batch: 0 runs AR
       chosen = self.choose(variant, ids)
       mode, spec = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+    elif mode == "sd" and self.pipe.draft is not None:
+      self.note_k(variant, ids, spec.k)
     dec = self.pipe.decoder(mode, spec)
     before = dec.programs.compile_seconds
     res = self.pipe.generate_ids(ids, mode=mode, batch_size=len(ids), spec=spec,
@@ -324,12 +326,18 @@ class Runner:
     return [{"token_ids": r.token_ids, "stats": r.stats.to_dict()} for r in res], dec.programs.compile_seconds - before
 
   def choose(self, variant, ids) -> int:
-    """Returns k='auto''s K for this batch (as generate_ids chooses it) and notes it in self.auto_k[label] with the
-    cost model's expected SD speedup over AR (None without measured costs), for the table of predictions."""
+    """Returns k='auto''s K for this batch (as generate_ids chooses it), noted (note_k)."""
+    from ssd_jax.decode import auto_k
+    prefix = auto_k.run_prefix([len(p) for p in ids], self.args.max_new_tokens)
+    return self.note_k(variant, ids, self.pipe.choose_k(len(ids), variant.opts["temperature"], prefix))
+
+  def note_k(self, variant, ids, k: int) -> int:
+    """Notes in self.auto_k[label] the K an SD (or k='auto') batch runs, with the cost model's expected SD speedup
+    over AR at its batch and prefix (None without measured costs): the table of predictions against measurement.
+    Returns k."""
     from ssd_jax.decode import auto_k
     temperature = variant.opts["temperature"]
     prefix = auto_k.run_prefix([len(p) for p in ids], self.args.max_new_tokens)
-    k = self.pipe.choose_k(len(ids), temperature, prefix)
     costs, a = self.pipe.auto_k_inputs(temperature)
     note = {"batch": len(ids), "prefix": prefix, "k": k, "acceptance": a,
             "predicted_sd_over_ar": None if costs is None else auto_k.sd_speedup(costs, len(ids), k, a, prefix)}

@@ -372,7 +372,7 @@ def test_batch_table_with_every_backup_and_the_models_prediction():
   result = _batch_backups_result()
   lines = by_batch.markdown(result).splitlines()
   assert lines[0] == ("| batch | ar tok/s | sd tok/s | sd/ar | ssd-fast tok/s | ssd-fast/ar | ssd-fast/sd | "
-                      "ssd-neural tok/s | ssd-neural/ar | ssd-neural/sd | sd k=auto: K | model sd/ar |")
+                      "ssd-neural tok/s | ssd-neural/ar | ssd-neural/sd | sd's K | model sd/ar |")
   assert lines[2] == "| 1 | 20.00 | 30.00 | 1.50x | 22.00 | 1.10x | 0.73x | 24.00 | 1.20x | 0.80x | 2,3 | 1.30x |"
   assert lines[3] == "| 4 | 60.00 | 66.00 | 1.10x | 44.00 | 0.73x | 0.67x | 33.00 | 0.55x | 0.50x | 1 | 1.10x |"
   assert by_batch.markdown(_fan_out_sweep_result()) is None

@@ -1,6 +1,6 @@
 """The batch sweep's table (issue 45): whole-batch tokens a second per series (AR, SD, SSD with each backup) by batch
-size, each over AR's (and SSD's over SD's) at the same batch, and k='auto''s choice with the cost model's
-expected SD speedup beside the measured one. Pure Python over the bench's JSON result, as plan.py."""
+size, each over AR's (and SSD's over SD's) at the same batch, and SD's K (k='auto''s choice, or the K given)
+with the cost model's expected SD speedup beside the measured one. Pure Python over the bench's JSON result, as plan.py."""
 from __future__ import annotations
 
 import statistics
@@ -9,8 +9,8 @@ from .plan import _fmt, sweep_series
 
 
 def auto_k_by_batch(result: dict, series: str = "sd") -> dict:
-  """Returns {batch: (Ks chosen, mean expected SD over AR or None)} from the bench's k='auto' notes of `series`'s
-  variants (result['auto_k']: label -> [{batch, k, predicted_sd_over_ar, ...}])."""
+  """Returns {batch: (Ks run, mean expected SD over AR or None)} from the bench's notes of `series`'s variants
+  (result['auto_k']: label -> [{batch, k, predicted_sd_over_ar, ...}], one per batch run)."""
   out = {}
   for v in result["variants"]:
     notes = result.get("auto_k", {}).get(v["label"])
@@ -36,7 +36,7 @@ def markdown(result: dict) -> str | None:
     head += [f"{n} tok/s"] + ([f"{n}/ar"] if n != "ar" and "ar" in tps else []) + (
         [f"{n}/sd"] if n.startswith("ssd") and "sd" in tps else [])
   if auto:
-    head += ["sd k=auto: K", "model sd/ar"]
+    head += ["sd's K", "model sd/ar"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for b in sorted({b for pts in tps.values() for b in pts}):
     cells = [str(b)]
