@@ -307,7 +307,7 @@ class Runner:
     if variant.mode.startswith("hf-"):
       rows = []
       for p in ids:
-        k = (self.pipe.choose_k(1, o["temperature"]) or 1) if o["k"] == "auto" else o["k"]
+        k = (self.choose(variant, [p]) or 1) if o["k"] == "auto" else o["k"]
         toks, stats = self.peer.generate(p, variant.mode, self.args.max_new_tokens, o["temperature"], self.args.seed,
                                          k=k)
         rows.append({"token_ids": toks, "stats": stats})
