@@ -254,6 +254,21 @@ def test_auto_backup_choice_falls_with_the_batch_at_theorem_17s_critical_batch()
   assert critical_batch(0.8, 3.0, 3.0, 0.3 / 8) > 16  # what the per-row time would have said
 
 
+def test_auto_backup_tally_of_a_batch_run_counts_rows_and_calls(pair):
+  """A batch of 4 decoded with backup='auto': the tally's hits and misses are the per-row lookups the draft counted
+  (each live row of each lookup once), and its neural calls the neural backups served, whatever the batch."""
+  cfg, tp = pair
+  dec = SSDDecoder(cfg, tp, cfg, _perturbed(tp, 0.06, 1), SpecOptions(k=2, fan_out=2, backup="auto"))
+  opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
+  res = dec.generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
+  side = dec.draft.side
+  t = side.tally
+  assert t["hit_rows"] == side.hits.sum() and t["hit_rows"] + t["miss_rows"] == side.rounds_by_len.sum() > 0
+  assert t["neural_calls"] == side.backups_used["neural"] >= 1
+  assert t["neural_rows"] >= len(PROMPTS)  # the first round's rows, all served by the neural backup
+
+
 def test_merge_rows_keeps_each_rows_tokens_with_their_q():
   """A round where some rows hit: a row that hit is served its cached tokens with the cached q they were drawn from,
   a row that missed the backup's tokens with the backup's q (the verifier's ratio test needs each token's own q;
