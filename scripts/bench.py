@@ -316,8 +316,8 @@ class Runner:
     if spec.auto and mode != "ar":  # as generate_ids resolves it for this batch: 0 runs AR
       chosen = self.choose(variant, ids)
       mode, spec = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
-    elif mode == "sd" and self.pipe.draft is not None:
-      self.note_k(variant, ids, spec.k)
+    elif mode in ("ar", "sd") and self.pipe.draft is not None:
+      self.note_k(variant, ids, 0 if mode == "ar" else spec.k)
     dec = self.pipe.decoder(mode, spec)
     before = dec.programs.compile_seconds
     res = self.pipe.generate_ids(ids, mode=mode, batch_size=len(ids), spec=spec,
@@ -332,15 +332,17 @@ class Runner:
     return self.note_k(variant, ids, self.pipe.choose_k(len(ids), variant.opts["temperature"], prefix))
 
   def note_k(self, variant, ids, k: int) -> int:
-    """Notes in self.auto_k[label] the K an SD (or k='auto') batch runs, with the cost model's expected SD speedup
-    over AR at its batch and prefix (None without measured costs): the table of predictions against measurement.
-    Returns k."""
+    """Notes in self.auto_k[label] the K an AR (0), SD or k='auto' batch runs, with the cost model's expected SD
+    speedup over AR and the table's AR step and verify at its batch and prefix (None without measured costs): the
+    by-batch table sets them beside the run's. Returns k."""
     from ssd_jax.decode import auto_k
-    temperature = variant.opts["temperature"]
+    temperature, b = variant.opts["temperature"], len(ids)
     prefix = auto_k.run_prefix([len(p) for p in ids], self.args.max_new_tokens)
     costs, a = self.pipe.auto_k_inputs(temperature)
-    note = {"batch": len(ids), "prefix": prefix, "k": k, "acceptance": a,
-            "predicted_sd_over_ar": None if costs is None else auto_k.sd_speedup(costs, len(ids), k, a, prefix)}
+    ar_ms, verify_ms, _ = costs.at(b, prefix) if costs is not None else (None, {}, None)
+    note = {"batch": b, "prefix": prefix, "k": k, "acceptance": a,
+            "predicted_sd_over_ar": None if costs is None else auto_k.sd_speedup(costs, b, k, a, prefix),
+            "table_ar_ms": ar_ms, "table_verify_ms": verify_ms.get(k + 1) if k else None}
     self.auto_k.setdefault(variant.label, []).append(note)
     return k
 

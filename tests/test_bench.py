@@ -397,3 +397,26 @@ def test_backups_flag_is_checked_before_loading(bench):
                     (["--backups", "fast", "--sweep", "backup"], "give one")):
     with pytest.raises(UsageError, match=msg):
       bench.main(argv)
+
+
+def test_batch_table_sets_the_cost_tables_steps_beside_the_runs():
+  """An AR run of 4 rows, 40 decode tokens in 0.5 s: 10 steps of 50 ms; an SD run whose 8 verifies took 0.48 s: 60 ms
+  each; beside the table's 45 and 70 ms."""
+  from ssd_jax.bench import by_batch
+  base = {"k": 2, "temperature": 0.0, "batch_size": 4}
+  ar, sd = plan.make_variants(["ar", "sd"], base, "batch", ["4"])
+  runs = [plan.run_record("a", ar, range(4), [{"token_ids": [1], "stats": {
+              "new_tokens": 11, "decode_tokens": 10, "decode_seconds": 0.5, "target_forwards": 11,
+              "prefill_seconds": 0.1}}] * 4),
+          plan.run_record("a", sd, range(4), [{"token_ids": [1], "stats": {
+              "new_tokens": 11, "decode_seconds": 0.9, "target_forwards": 9, "prefill_seconds": 0.1,
+              "rounds": 8, "verify_seconds": 0.48}}] * 4)]
+  result = {"args": {"sweep": "batch"}, "runs": runs, "summary": plan.summarize(runs, [ar, sd], ["a"]),
+            "variants": [{"label": v.label, "mode": v.mode, "series": v.series, "options": v.opts,
+                          "sweep_value": v.sweep_value} for v in (ar, sd)],
+            "auto_k": {"ar@batch=4": [{"k": 0, "table_ar_ms": 45.0, "predicted_sd_over_ar": 1.0}],
+                       "sd@batch=4": [{"k": 2, "table_verify_ms": 70.0, "predicted_sd_over_ar": 1.1}]}}
+  assert by_batch.costs_by_batch(result) == {4: pytest.approx((45.0, 50.0, 70.0, 60.0))}
+  table = by_batch.markdown(result).splitlines()
+  assert table[0].endswith("| sd's K | model sd/ar | AR step ms: table / run | SD verify ms: table / run |")
+  assert table[2].endswith("| 2 | 1.10x | 45.0 / 50.0 | 70.0 / 60.0 |")
