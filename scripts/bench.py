@@ -61,6 +61,10 @@ def parse_args(argv=None):
   p.add_argument("--fan-out", default="3", help="ssd: F, or K+1 counts 'F0,...,FK'")
   p.add_argument("--fan-out-miss", default=None, help="ssd: the fan-out after a cache miss (same total)")
   p.add_argument("--backup", default="neural", metavar=braces(BACKUPS), help="ssd: miss backup")
+  p.add_argument("--backups", default=None,
+                 help="ssd: comma-separated backups (e.g. neural,fast,auto), SSD run once per backup as its own "
+                      "series (ssd-fast, ...), combined with any --sweep: with --sweep batch one run measures SSD "
+                      "with each backup against SD and AR at every batch size")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
   p.add_argument("--dtype", default="auto", metavar=braces(settings.DTYPES),
                  help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
@@ -170,6 +174,14 @@ def check_args(args) -> list[str]:
   DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
   if args.sweep_values and not args.sweep:
     fail("--sweep-values needs --sweep")
+  if args.backups is not None:
+    if "ssd" not in modes:
+      fail("--backups needs the ssd mode in --modes")
+    if args.sweep == "backup":
+      fail("--backups and --sweep backup both set the backup: give one")
+    for b in args.backups.split(","):
+      if b not in BACKUPS:
+        fail(f"--backups: unknown backup {b!r}; choose from {', '.join(BACKUPS)}")
   if args.peer == "hf" and (args.batch_size != 1 or args.sweep == "batch"):
     fail("--peer hf needs batch size 1: transformers' assisted generation decodes one sequence at a time")
   if args.peer == "hf":
@@ -277,6 +289,7 @@ class Runner:
 
   def __init__(self, pipe, peer, args):
     self.pipe, self.peer, self.args = pipe, peer, args
+    self.auto_k = {}  # label -> [{batch, prefix, k, predicted_sd_over_ar}] per batch run of SD or with k='auto'
 
   def __call__(self, variant, ids):
     if self.args.baseline_cores == "target" and variant.mode != "ssd":
@@ -294,21 +307,44 @@ class Runner:
     if variant.mode.startswith("hf-"):
       rows = []
       for p in ids:
-        k = (self.pipe.choose_k(1, o["temperature"]) or 1) if o["k"] == "auto" else o["k"]
+        k = (self.choose(variant, [p]) or 1) if o["k"] == "auto" else o["k"]
         toks, stats = self.peer.generate(p, variant.mode, self.args.max_new_tokens, o["temperature"], self.args.seed,
                                          k=k)
         rows.append({"token_ids": toks, "stats": stats})
       return rows, 0.0
     spec, mode = spec_options(o), variant.mode
     if spec.auto and mode != "ar":  # as generate_ids resolves it for this batch: 0 runs AR
-      chosen = self.pipe.choose_k(len(ids), o["temperature"])
+      chosen = self.choose(variant, ids)
       mode, spec = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+    elif mode in ("ar", "sd") and self.pipe.draft is not None:
+      self.note_k(variant, ids, 0 if mode == "ar" else spec.k)
     dec = self.pipe.decoder(mode, spec)
     before = dec.programs.compile_seconds
     res = self.pipe.generate_ids(ids, mode=mode, batch_size=len(ids), spec=spec,
                                  max_new_tokens=self.args.max_new_tokens, temperature=o["temperature"],
                                  seed=self.args.seed, ignore_eos=True)
     return [{"token_ids": r.token_ids, "stats": r.stats.to_dict()} for r in res], dec.programs.compile_seconds - before
+
+  def choose(self, variant, ids) -> int:
+    """Returns k='auto''s K for this batch (as generate_ids chooses it), noted (note_k)."""
+    from ssd_jax.decode import auto_k
+    prefix = auto_k.run_prefix([len(p) for p in ids], self.args.max_new_tokens)
+    return self.note_k(variant, ids, self.pipe.choose_k(len(ids), variant.opts["temperature"], prefix))
+
+  def note_k(self, variant, ids, k: int) -> int:
+    """Notes in self.auto_k[label] the K an AR (0), SD or k='auto' batch runs, with the cost model's expected SD
+    speedup over AR and the table's AR step and verify at its batch and prefix (None without measured costs): the
+    by-batch table sets them beside the run's. Returns k."""
+    from ssd_jax.decode import auto_k
+    temperature, b = variant.opts["temperature"], len(ids)
+    prefix = auto_k.run_prefix([len(p) for p in ids], self.args.max_new_tokens)
+    costs, a = self.pipe.auto_k_inputs(temperature)
+    ar_ms, verify_ms, _ = costs.at(b, prefix) if costs is not None else (None, {}, None)
+    note = {"batch": b, "prefix": prefix, "k": k, "acceptance": a,
+            "predicted_sd_over_ar": None if costs is None else auto_k.sd_speedup(costs, b, k, a, prefix),
+            "table_ar_ms": ar_ms, "table_verify_ms": verify_ms.get(k + 1) if k else None}
+    self.auto_k.setdefault(variant.label, []).append(note)
+    return k
 
 
 def load_peer(pipe, args, work_dir: str):
@@ -359,18 +395,23 @@ def main(argv=None):
   run = Runner(pipe, peer, args)
   ids = {d: [pipe.encode_prompt(p) for p in ps] for d, ps in prompt_sets.items()}
   warmup = warm_up(run, variants, ids[names[0]])
+  run.auto_k = {}  # the timed runs' choices only
   runs = timed_runs(run, variants, names, ids)
 
   result = {"schema": plan.SCHEMA, "environment": environment(pipe), "args": vars(args), "datasets": names,
-            "variants": [{"label": v.label, "mode": v.mode, "options": v.opts, "sweep_value": v.sweep_value}
-                         for v in variants],
-            "warmup": warmup, "runs": runs, "peer": peer_info}
+            "variants": [{"label": v.label, "mode": v.mode, "series": v.series, "options": v.opts,
+                          "sweep_value": v.sweep_value} for v in variants],
+            "warmup": warmup, "runs": runs, "peer": peer_info, "auto_k": run.auto_k}
   result["summary"] = plan.summarize(runs, variants, names)
   result["fan_out_fit"] = plan.fan_out_fit(result)
   if "ar" in modes and args.bandwidth and not args.tiny:
     result["ar_bandwidth"] = ar_bandwidth(result, pipe, variants)
   result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   table = plan.markdown(result)
+  from ssd_jax.bench import by_batch
+  batch_table = by_batch.markdown(result)
+  if batch_table:
+    table += "\n\nBy batch size (whole-batch decode tokens a second; ratios at the same batch size):\n\n" + batch_table
   if args.peer == "llamacpp":
     table += "\n\n" + llamacpp_beside(result, args, variants)
   print("\n" + table)
@@ -396,7 +437,8 @@ def bench_variants(args, modes) -> list:
           "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
           "ssd_placement": where}
   values = args.sweep_values.split(",") if args.sweep_values else None
-  variants = plan.make_variants(all_modes, base, args.sweep, values)
+  backups = [b for b in args.backups.split(",") if b] if args.backups else None
+  variants = plan.make_variants(all_modes, base, args.sweep, values, backups)
   for v in variants:  # each variant's own settings (fan-out against its K, swept temperature, ...) fail before loading
     spec_options(v.opts)
     DecodeOptions(temperature=v.opts["temperature"])
@@ -404,25 +446,28 @@ def bench_variants(args, modes) -> list:
 
 
 def calibrate(args, modes) -> int:
-  """--calibrate: measures the step costs k='auto' chooses K from, caches them for this machine and pair, and prints
-  the K each batch size then gets and the speedups the model expects."""
+  """--calibrate: measures the step costs k='auto' chooses K from (after auto_k.PREFIXES cached tokens), caches them
+  for this machine and pair, and prints the K each batch size then gets and the speedups the model expects at a
+  run of --max-new-tokens after 150-token prompts."""
   from ssd_jax.decode import auto_k
-  from ssd_jax.theory.fan_out import CALIBRATION_FILE, read_calibration
+  from ssd_jax.models.kv_cache import cache_dtype
 
   pipe = load_pipe(args, ["sd"])
-  costs = auto_k.measure(pipe.target, pipe.draft, log=lambda m: print(m, flush=True))
+  costs = auto_k.measure(pipe.target, pipe.draft, kv_dtype=cache_dtype(pipe.target.params, pipe.kv_dtype),
+                         log=lambda m: print(m, flush=True))
   costs = dataclasses.replace(costs, about=f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, "
-                              f"{pipe.target.cfg.name} + {pipe.draft.cfg.name}")
+                              f"{pipe.target.cfg.name} ({pipe.weights}) + {pipe.draft.cfg.name}")
   path = pipe.step_costs_path()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     f.write(costs.to_json())
-  cal_file = os.path.join(pipe.draft.path, CALIBRATION_FILE)
-  a = auto_k.acceptance(read_calibration(cal_file) if os.path.exists(cal_file) else None, args.temperature)
-  print(f"step costs written to {path}; acceptance a = {a:.3f} at temperature {args.temperature:g}")
+  a = pipe.auto_k_inputs(args.temperature)[1]
+  prefix = auto_k.run_prefix([150], args.max_new_tokens)
+  print(f"step costs written to {path}; acceptance a = {a:.3f} at temperature {args.temperature:g}; "
+        f"at {prefix:g} cached tokens (150-token prompts, {args.max_new_tokens} new):")
   for b in auto_k.BATCHES:
-    ups = ", ".join(f"K={k} {auto_k.sd_speedup(costs, b, k, a):.2f}x" for k in range(1, auto_k.K_MAX + 1))
-    print(f"batch {b:>2}: k=auto -> K={pipe.choose_k(b, args.temperature)}  (expected SD over AR: {ups})")
+    ups = ", ".join(f"K={k} {auto_k.sd_speedup(costs, b, k, a, prefix):.2f}x" for k in range(1, auto_k.K_MAX + 1))
+    print(f"batch {b:>2}: k=auto -> K={pipe.choose_k(b, args.temperature, prefix)}  (expected SD over AR: {ups})")
   return 0
 
 

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from . import defaults
 from .models import checkpoints, drafts, quant
 from .models.config import ModelConfig, check_same_vocabulary
+from .models.kv_cache import cache_dtype
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
 from .theory.fan_out import CALIBRATION_FILE, read_calibration
 from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
@@ -137,26 +138,35 @@ class Pipeline:
       raise ValueError("give either spec=SpecOptions(...) or its settings (k, fan_out, ...), not both")
     return spec
 
-  def choose_k(self, rows: int, temperature: float = 0.0) -> int:
-    """Returns the K that k='auto' runs for a batch of `rows` prompts (0: plain AR), from this machine's measured step
-    costs (`bench.py --calibrate`; a conservative built-in choice without them) and the draft's acceptance at
+  def choose_k(self, rows: int, temperature: float = 0.0, prefix: float | None = None) -> int:
+    """Returns the K that k='auto' runs for a batch of `rows` prompts (0: plain AR) whose steps see `prefix` cached
+    tokens on average (auto_k.run_prefix; None: auto_k.DEFAULT_PREFIX), from this machine's measured step costs
+    (`bench.py --calibrate`; a conservative built-in choice without them) and the draft's acceptance at
     `temperature` (its fan-out calibration); decode/auto_k.py."""
     if self.draft is None:
       return 0
+    costs, a = self.auto_k_inputs(temperature)
+    builtin = auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
+    return auto_k.choose_k(costs, rows, a, builtin=builtin, prefix=prefix)
+
+  def auto_k_inputs(self, temperature: float = 0.0):
+    """Returns (the cached step costs or None, the draft's acceptance at `temperature`) that choose_k weighs."""
     costs = auto_k.load_costs(self.step_costs_path())
     cal_file = os.path.join(self.draft.path, CALIBRATION_FILE)
     try:
       calibration = read_calibration(cal_file) if os.path.exists(cal_file) else None
     except ValueError:
       calibration = None
-    builtin = auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
-    return auto_k.choose_k(costs, rows, auto_k.acceptance(calibration, temperature), builtin=builtin)
+    return costs, auto_k.acceptance(calibration, temperature)
 
   def step_costs_path(self) -> str:
-    """Returns where this machine's step costs for this target and draft are cached (auto_k.measure writes them)."""
-    ident = lambda c: f"{c.name}:{getattr(c, 'n_layers', 1)}x{c.d_model}:{c.vocab_size}"  # noqa: E731
-    return auto_k.costs_path(ident(self.target.cfg), ident(self.draft.cfg) if self.draft else "", self.attn_impl,
-                             *([self.weights] if self.weights != "full" else []))
+    """Returns where this machine's step costs for this target and draft are cached (auto_k.measure writes them):
+    keyed by each model's config and its parameters' format (auto_k.params_format: float32, int8, GGUF blocks, a
+    draft's own weights choice), the attention and the target KV cache's dtype."""
+    ident = lambda m: (f"{m.cfg.name}:{getattr(m.cfg, 'n_layers', 1)}x{m.cfg.d_model}:{m.cfg.vocab_size}:"  # noqa: E731
+                       f"{auto_k.params_format(m.params)}")
+    return auto_k.costs_path(ident(self.target), ident(self.draft) if self.draft else "", self.attn_impl,
+                             self.weights, str(cache_dtype(self.target.params, self.kv_dtype)))
 
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int | str = "auto", fan_out=3,
@@ -173,8 +183,9 @@ class Pipeline:
     for i in range(0, len(prompts), batch_size):
       chunk = prompts[i:i + batch_size]
       m, s = mode, spec
-      if mode != "ar" and spec.auto:  # K for this batch's rows; 0: speculation would not pay, run AR
-        chosen = self.choose_k(len(chunk), opts.temperature)
+      if mode != "ar" and spec.auto:  # K for this batch's rows and context; 0: speculation would not pay, run AR
+        prefix = auto_k.run_prefix([len(p) for p in chunk], opts.max_new_tokens)
+        chosen = self.choose_k(len(chunk), opts.temperature, prefix)
         m, s = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
       dec = self.decoder(m, s)
       dec.check([len(p) for p in chunk], opts.max_new_tokens)

@@ -1,5 +1,6 @@
 """k='auto': K chosen per batch size from step costs and acceptance (ssd_jax/decode/auto_k.py), and the pipeline
 running what it chose (0: AR) with the same greedy tokens."""
+import dataclasses
 import os
 
 import pytest
@@ -91,3 +92,76 @@ def test_pipeline_runs_the_chosen_k_per_batch(tmp_path, monkeypatch):
   assert run(6) == [("sd", pipe.choose_k(6))] * 6
   pipe.weights = "gguf"  # another weight format: its own costs (none measured) and its own built-in table
   assert pipe.step_costs_path() != path and pipe.choose_k(1) == 0
+
+
+def prefix_costs(short: float, long: float, batches=(1, 4)) -> auto_k.CostTable:
+  """A table at prefixes 64 and 448 where AR is 10 ms (short context) or 14 ms (long) and a T-token verify costs
+  AR x (1 + growth (T - 1)), the growth `short` or `long`: the longer context's attention dearer per token."""
+  def at(prefix, ar, growth):
+    return auto_k.StepCosts({b: ar for b in batches}, {b: {t: ar * (1 + growth * (t - 1)) for t in range(2, 6)}
+                                                      for b in batches}, {b: 0.5 for b in batches}, prefix=prefix)
+  return auto_k.CostTable((at(448, 14.0, long), at(64, 10.0, short)))
+
+
+def test_cost_table_reads_the_costs_at_the_runs_prefix():
+  c = prefix_costs(0.1, 0.3)
+  assert [t.prefix for t in c.tables] == [64, 448]  # sorted
+  ar, verify, _ = c.at(4, 256)  # halfway
+  assert ar == pytest.approx(12.0) and verify[2] == pytest.approx(0.5 * (11.0 + 18.2))
+  assert c.at(1, 10)[0] == pytest.approx(10.0)  # below the shortest: the shortest's costs
+  assert c.at(1, 832)[0] == pytest.approx(18.0)  # past the longest: the line through the two
+  assert c.at(1, None) == c.at(1, auto_k.DEFAULT_PREFIX)
+  assert auto_k.CostTable.from_json(c.to_json()) == c
+  # A single table of the first format (no prefix, measured at 300) reads as a table of that one prefix.
+  old = costs(0.1).to_json().replace('"prefix": 300', '"prefix_gone": 0')
+  assert auto_k.CostTable.from_json(old).tables[0].prefix == auto_k.DEFAULT_PREFIX
+  with pytest.raises(ValueError, match="at least one"):
+    auto_k.CostTable(())
+
+
+def test_choose_k_by_the_runs_prefix():
+  """The same table gives K=2 for a short context and AR for a long one, where the verify's growth per token is 3x;
+  by hand at a = 0.5: prefix 64, K=2: 1.75 x 10 / (10 x 1.2 + 1 + 1.5) = 1.207; prefix 448, K=1: 1.5 x 14 /
+  (14 x 1.3 + 0.5 + 2.1) = 1.010 < MARGIN."""
+  c = prefix_costs(0.1, 0.3)
+  assert auto_k.sd_speedup(c, 1, 2, 0.5, 64) == pytest.approx(1.75 * 10 / 14.5)
+  assert auto_k.sd_speedup(c, 1, 1, 0.5, 448) == pytest.approx(1.5 * 14 / 20.8)
+  assert auto_k.choose_k(c, 1, 0.5, prefix=64) == 2
+  assert auto_k.choose_k(c, 1, 0.5, prefix=448) == 0
+  assert auto_k.run_prefix([100, 140], 64) == 152.0  # the mean prompt and half the new tokens
+
+
+def test_measure_times_every_step_at_each_prefix():
+  import jax
+  from ssd_jax.models.config import ModelConfig
+  from ssd_jax.models.model import init_params
+  cfg = ModelConfig(name="t", vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
+                    ffn_dim=64, max_seq_len=512)
+  m = type("M", (), {"cfg": cfg, "params": init_params(jax.random.PRNGKey(0), cfg)})
+  logs = []
+  table = auto_k.measure(m, m, batches=(1, 2), k_max=2, repeats=1, prefixes=(8, 100), log=logs.append)
+  assert [t.prefix for t in table.tables] == [8, 100] and len(logs) == 4
+  for t in table.tables:
+    assert sorted(t.ar_ms) == [1, 2] and sorted(t.verify_ms[2]) == [2, 3]
+    assert all(v > 0 for v in [*t.ar_ms.values(), *t.draft_ms.values(), *t.verify_ms[1].values()])
+
+
+def test_cost_cache_key_covers_weight_formats_of_target_and_draft(tmp_path, monkeypatch):
+  """The cached costs belong to the formats measured: another dtype or shape of any leaf of the target or the draft
+  (a draft loaded in another weights choice), or another KV cache dtype, is another file."""
+  import jax
+  import jax.numpy as jnp
+  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
+  pipe = api.load_tiny()
+  base = pipe.step_costs_path()
+  assert pipe.step_costs_path() == base  # stable
+  fmt = auto_k.params_format(pipe.draft.params)
+  assert auto_k.params_format(jax.tree.map(lambda x: x, pipe.draft.params)) == fmt  # the format, not the object
+  half = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x, pipe.draft.params)
+  assert auto_k.params_format(half) != fmt
+  draft = pipe.draft
+  pipe.draft = dataclasses.replace(draft, params=half)
+  assert pipe.step_costs_path() != base
+  pipe.draft = draft
+  pipe.kv_dtype = "bfloat16"
+  assert pipe.step_costs_path() != base

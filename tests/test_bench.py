@@ -337,3 +337,86 @@ def test_batch_sweep_plots(tmp_path):
     assert fn(result, path) and os.path.getsize(path) > 1000
     assert not fn(_fan_out_sweep_result(), str(tmp_path / "no.png"))
   assert not os.path.exists(tmp_path / "no.png")
+
+
+def test_backups_make_one_ssd_series_each():
+  base = {"k": 2, "fan_out": "3", "temperature": 0.0, "batch_size": 1, "saguaro_c": 1.0, "backup": "neural"}
+  vs = plan.make_variants(["ar", "sd", "ssd"], base, "batch", ["1", "4"], backups=["neural", "fast", "auto"])
+  assert [v.label for v in vs] == ["ar@batch=1", "ar@batch=4", "sd@batch=1", "sd@batch=4",
+                                   "ssd-neural@batch=1", "ssd-neural@batch=4", "ssd-fast@batch=1", "ssd-fast@batch=4",
+                                   "ssd-auto@batch=1", "ssd-auto@batch=4"]
+  fast4 = vs[7]
+  assert fast4.opts["backup"] == "fast" and fast4.opts["batch_size"] == 4 and fast4.series == "ssd-fast"
+  assert plan.baseline_of(fast4, "sd", vs).label == "sd@batch=4" and plan.baseline_of(fast4, "ar", vs).label == \
+      "ar@batch=4"
+  assert [v.label for v in plan.make_variants(["ssd"], base, backups=["fast", "auto"])] == ["ssd-fast", "ssd-auto"]
+  with pytest.raises(ValueError, match="give one"):
+    plan.make_variants(["ssd"], base, "backup", backups=["fast"])
+
+
+def _batch_backups_result():
+  """A batch sweep of AR, SD and SSD with two backups at batch 1 and 4, with k=auto's notes for SD."""
+  tps = {("ar", 1): 20.0, ("ar", 4): 60.0, ("sd", 1): 30.0, ("sd", 4): 66.0, ("ssd-neural", 1): 24.0,
+         ("ssd-neural", 4): 33.0, ("ssd-fast", 1): 22.0, ("ssd-fast", 4): 44.0}
+  variants = [{"label": f"{s}@batch={b}", "mode": s.split("-")[0], "series": s, "sweep_value": f"batch={b}",
+               "options": {"batch_size": b}} for s, b in tps]
+  by_variant = {f"{s}@batch={b}": {"all": {"tokens_per_second": t}} for (s, b), t in tps.items()}
+  notes = {"sd@batch=1": [{"batch": 1, "k": 2, "predicted_sd_over_ar": 1.2}, {"batch": 1, "k": 3,
+                                                                            "predicted_sd_over_ar": 1.4}],
+           "sd@batch=4": [{"batch": 4, "k": 1, "predicted_sd_over_ar": 1.1}]}
+  return {"args": {"sweep": "batch"}, "variants": variants, "summary": {"by_variant": by_variant}, "auto_k": notes}
+
+
+def test_batch_table_with_every_backup_and_the_models_prediction():
+  from ssd_jax.bench import by_batch
+  result = _batch_backups_result()
+  lines = by_batch.markdown(result).splitlines()
+  assert lines[0] == ("| batch | ar tok/s | sd tok/s | sd/ar | ssd-fast tok/s | ssd-fast/ar | ssd-fast/sd | "
+                      "ssd-neural tok/s | ssd-neural/ar | ssd-neural/sd | sd's K | model sd/ar |")
+  assert lines[2] == "| 1 | 20.00 | 30.00 | 1.50x | 22.00 | 1.10x | 0.73x | 24.00 | 1.20x | 0.80x | 2,3 | 1.30x |"
+  assert lines[3] == "| 4 | 60.00 | 66.00 | 1.10x | 44.00 | 0.73x | 0.67x | 33.00 | 0.55x | 0.50x | 1 | 1.10x |"
+  assert by_batch.markdown(_fan_out_sweep_result()) is None
+
+
+def test_batch_plots_draw_every_backup_series(tmp_path, monkeypatch):
+  pytest.importorskip("matplotlib")
+  from ssd_jax.bench import plots
+  drawn = {}
+  monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.__setitem__(
+      os.path.basename(path), sorted(fig.axes[0].get_legend_handles_labels()[1])))
+  result = _batch_backups_result()
+  assert plots.batch_frontier(result, str(tmp_path / "f.png"))
+  assert plots.speedup_vs_batch(result, str(tmp_path / "s.png"))
+  assert drawn["f.png"] == ["ar", "sd", "ssd-fast", "ssd-neural"]
+  assert drawn["s.png"] == ["sd / ar", "ssd-fast / ar", "ssd-neural / ar"]
+
+
+def test_backups_flag_is_checked_before_loading(bench):
+  for argv, msg in ((["--modes", "ar,sd", "--backups", "fast"], "needs the ssd mode"),
+                    (["--backups", "fast,nope"], "unknown backup 'nope'"),
+                    (["--backups", "fast", "--sweep", "backup"], "give one")):
+    with pytest.raises(UsageError, match=msg):
+      bench.main(argv)
+
+
+def test_batch_table_sets_the_cost_tables_steps_beside_the_runs():
+  """An AR run of 4 rows, 40 decode tokens in 0.5 s: 10 steps of 50 ms; an SD run whose 8 verifies took 0.48 s: 60 ms
+  each; beside the table's 45 and 70 ms."""
+  from ssd_jax.bench import by_batch
+  base = {"k": 2, "temperature": 0.0, "batch_size": 4}
+  ar, sd = plan.make_variants(["ar", "sd"], base, "batch", ["4"])
+  runs = [plan.run_record("a", ar, range(4), [{"token_ids": [1], "stats": {
+              "new_tokens": 11, "decode_tokens": 10, "decode_seconds": 0.5, "target_forwards": 11,
+              "prefill_seconds": 0.1}}] * 4),
+          plan.run_record("a", sd, range(4), [{"token_ids": [1], "stats": {
+              "new_tokens": 11, "decode_seconds": 0.9, "target_forwards": 9, "prefill_seconds": 0.1,
+              "rounds": 8, "verify_seconds": 0.48}}] * 4)]
+  result = {"args": {"sweep": "batch"}, "runs": runs, "summary": plan.summarize(runs, [ar, sd], ["a"]),
+            "variants": [{"label": v.label, "mode": v.mode, "series": v.series, "options": v.opts,
+                          "sweep_value": v.sweep_value} for v in (ar, sd)],
+            "auto_k": {"ar@batch=4": [{"k": 0, "table_ar_ms": 45.0, "predicted_sd_over_ar": 1.0}],
+                       "sd@batch=4": [{"k": 2, "table_verify_ms": 70.0, "predicted_sd_over_ar": 1.1}]}}
+  assert by_batch.costs_by_batch(result) == {4: pytest.approx((45.0, 50.0, 70.0, 60.0))}
+  table = by_batch.markdown(result).splitlines()
+  assert table[0].endswith("| sd's K | model sd/ar | AR step ms: table / run | SD verify ms: table / run |")
+  assert table[2].endswith("| 2 | 1.10x | 45.0 / 50.0 | 70.0 / 60.0 |")

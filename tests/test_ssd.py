@@ -222,17 +222,51 @@ def test_choose_backup_from_tally():
   t = new_tally()
   assert choose_backup("ngram", t, 1) == "ngram"
   assert choose_backup("auto", t, 1) == "neural"  # no statistics yet
-  # Hits give 3 tokens, neural-backup rounds 3 tokens at 0.3 verify each: worth it alone, not at batch 256.
-  live = np.ones(4, bool)
-  record_round(t, "hit", live, [[0] * 13] * 4, [10] * 4)
-  record_round(t, "neural", live, [[0] * 13] * 4, [10] * 4)
-  record_round(t, "fast", live, [[0] * 13] * 4, [10] * 4)  # not counted
-  assert t["hit_rounds"] == 4 and t["neural_tokens"] == 12
-  t.update(neural_s=0.3 * 4, verify_s=2.0, verify_n=2)
-  t["hit_rounds"] = 16  # p_hit 0.8
-  t["hit_tokens"] = 48
+  live, seqs, before = np.ones(4, bool), [[0] * 13] * 4, [10] * 4  # every row committed 3 tokens
+  record_round(t, "neural", live, seqs, before)  # the first round: no lookup, so neither a hit nor a miss
+  assert (t["hit_rows"], t["miss_rows"], t["neural_rows"], t["neural_tokens"]) == (0, 0, 4, 12)
+  record_round(t, "neural", live, seqs, before, row_hit=np.array([True, True, True, False]))  # one row missed
+  assert (t["hit_rows"], t["hit_tokens"], t["miss_rows"], t["neural_rows"]) == (3, 9, 1, 5)
+  record_round(t, "fast", live, seqs, before, row_hit=np.array([True, False, True, True]))  # a miss, not neural
+  assert (t["hit_rows"], t["miss_rows"], t["neural_rows"]) == (6, 2, 5)
+  record_round(t, "fast", np.array([True, False, True, True]), seqs, before, row_hit=np.ones(4, bool))
+  assert t["hit_rows"] == 9  # a finished row counts no more
+  # p_hit 0.8, 3 tokens a hit and a neural row, one neural call of 0.3 verifies per miss (whole batch): worth it for
+  # one row; not for 256, whose rounds nearly all have a miss somewhere.
+  t.update(hit_rows=16, hit_tokens=48, miss_rows=4, neural_rows=4, neural_tokens=12, neural_calls=4,
+           neural_s=0.3 * 4, verify_s=2.0, verify_n=2)
   assert choose_backup("auto", t, 1) == "neural"
   assert choose_backup("auto", t, 256) == "fast"
+
+
+def test_auto_backup_choice_falls_with_the_batch_at_theorem_17s_critical_batch():
+  """The neural call's time is per call, not per row: at 8 rows a call of 0.3 verifies (4 calls for 32 neural rows)
+  still costs 0.3 a miss, so the choice turns at the critical batch b* of Theorem 17 (about 3.2 here), where a time
+  divided by rows (0.0375) would keep the neural backup far past it."""
+  from ssd_jax.decode.backup import choose_backup, new_tally
+  from ssd_jax.theory.timing_model import critical_batch
+  t = new_tally()
+  t.update(hit_rows=160, hit_tokens=480, miss_rows=40, neural_rows=32, neural_tokens=96, neural_calls=4,
+           neural_s=1.2, verify_s=2.0, verify_n=2)
+  b_star = critical_batch(0.8, 3.0, 3.0, 0.3)
+  assert 2 < b_star < 4
+  assert [choose_backup("auto", t, b) for b in (1, 2, 4, 8, 16)] == ["neural", "neural", "fast", "fast", "fast"]
+  assert critical_batch(0.8, 3.0, 3.0, 0.3 / 8) > 16  # what the per-row time would have said
+
+
+def test_auto_backup_tally_of_a_batch_run_counts_rows_and_calls(pair):
+  """A batch of 4 decoded with backup='auto': the tally's hits and misses are the per-row lookups the draft counted
+  (each live row of each lookup once), and its neural calls the neural backups served, whatever the batch."""
+  cfg, tp = pair
+  dec = SSDDecoder(cfg, tp, cfg, _perturbed(tp, 0.06, 1), SpecOptions(k=2, fan_out=2, backup="auto"))
+  opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
+  res = dec.generate(PROMPTS, opts)
+  assert [r.token_ids for r in res] == [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
+  side = dec.draft.side
+  t = side.tally
+  assert t["hit_rows"] == side.hits.sum() and t["hit_rows"] + t["miss_rows"] == side.rounds_by_len.sum() > 0
+  assert t["neural_calls"] == side.backups_used["neural"] >= 1
+  assert t["neural_rows"] >= len(PROMPTS)  # the first round's rows, all served by the neural backup
 
 
 def test_merge_rows_keeps_each_rows_tokens_with_their_q():

@@ -42,32 +42,42 @@ class Variant:
   options: tuple  # sorted (name, value) pairs: k, fan_out, fan_out_miss, backup, saguaro_c, temperature, batch_size,
   #                 ssd_placement
   sweep_value: str | None = None  # the swept option's value, when the sweep changes this mode
+  tag: str | None = None  # the backup of one of several SSD series (make_variants' `backups`)
+
+  @property
+  def series(self) -> str:
+    """The line this variant belongs to in a sweep's plots and tables: its mode, or mode-tag ('ssd-fast')."""
+    return self.mode if self.tag is None else f"{self.mode}-{self.tag}"
 
   @property
   def label(self) -> str:
-    return self.mode if self.sweep_value is None else f"{self.mode}@{self.sweep_value}"
+    return self.series if self.sweep_value is None else f"{self.series}@{self.sweep_value}"
 
   @property
   def opts(self) -> dict:
     return dict(self.options)
 
 
-def make_variants(modes, base: dict, sweep: str | None = None, values=None) -> list[Variant]:
-  """Returns the variants to time: each mode once, or once per sweep value for the modes the sweep changes."""
-  if sweep is None:
-    return [Variant(m, tuple(sorted(base.items()))) for m in modes]
-  if sweep not in SWEEPS:
+def make_variants(modes, base: dict, sweep: str | None = None, values=None, backups=None) -> list[Variant]:
+  """Returns the variants to time: each mode once, or once per sweep value for the modes the sweep changes; with
+  `backups` (a list), SSD once per backup as well, each its own series (tag), e.g. ssd-fast@batch=4."""
+  if sweep is not None and sweep not in SWEEPS:
     raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
-  name, changed, defaults = SWEEPS[sweep]
+  if backups and sweep == "backup":
+    raise ValueError("a backup sweep and a list of backups both set the backup: give one")
+  name, changed, defaults = SWEEPS[sweep] if sweep else (None, (), ())
   values = list(values or defaults)
   out = []
   for m in modes:
-    if m not in changed:
-      out.append(Variant(m, tuple(sorted(base.items()))))
-      continue
-    for v in values:
-      opts = dict(base, **{name: PARSE[name](v)})
-      out.append(Variant(m, tuple(sorted(opts.items())), f"{sweep}={v}"))
+    tags = list(backups) if backups and m == "ssd" else [None]
+    for tag in tags:
+      mode_base = base if tag is None else dict(base, backup=tag)
+      if m not in changed:
+        out.append(Variant(m, tuple(sorted(mode_base.items())), tag=tag))
+        continue
+      for v in values:
+        opts = dict(mode_base, **{name: PARSE[name](v)})
+        out.append(Variant(m, tuple(sorted(opts.items())), f"{sweep}={v}", tag))
   return out
 
 
@@ -267,7 +277,8 @@ def power_law_fit(xs, miss) -> dict | None:
 
 
 def sweep_series(result: dict) -> dict | None:
-  """Returns {mode: [(value, tokens/s, hit rate or None)]} over the sweep values (all datasets pooled), or None."""
+  """Returns {series: [(value, tokens/s, hit rate or None)]} over the sweep values (all datasets pooled), or None;
+  a series is a mode, or mode-backup with several backups (Variant.series)."""
   sweep = result["args"].get("sweep")
   if not sweep:
     return None
@@ -278,7 +289,7 @@ def sweep_series(result: dict) -> dict | None:
       continue
     fig = result["summary"]["by_variant"][v["label"]].get("all")
     if fig:
-      series.setdefault(v["mode"], []).append((PARSE[name](v["options"][name]) if name != "fan_out"
+      series.setdefault(v.get("series", v["mode"]), []).append((PARSE[name](v["options"][name]) if name != "fan_out"
                                                else _fan_out_size(v["options"][name]),
                                                fig["tokens_per_second"], fig.get("cache_hit_rate")))
   for m in series:

@@ -1,7 +1,7 @@
 """Timing one compiled forward step of a model: the cost figures of the bench and of the draft's evaluation.
 
-A step is `model.forward_causal` over `tokens` new tokens at batch 1 after a `prefix`-token KV cache, compiled
-ahead of the clock. Several models are timed in interleaved order (a, b, a, b, ...), so drift on a shared machine
+A step is `model.forward_causal` over `tokens` new tokens a row for `batch` rows after a `prefix`-token KV cache
+(or after each of several prefixes, one compiled program), compiled ahead of the clock. Several models are timed in interleaved order (a, b, a, b, ...), so drift on a shared machine
 hits them alike; the figure is the median.
 """
 from __future__ import annotations
@@ -17,26 +17,40 @@ from ..models.config import ModelConfig
 from ..models.kv_cache import KVCache
 
 
-def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512, batch: int = 1):
+def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512, batch: int = 1,
+                  kv_dtype=jnp.float32):
   """Returns run() -> seconds of one forward of `tokens` tokens a row for `batch` rows after `prefix` cached ones
   (warmed up)."""
-  if prefix < 0 or prefix + tokens > cache_len:
-    raise ValueError(f"prefix {prefix} + tokens {tokens} must fit the cache of {cache_len}")
+  return compiled_steps(cfg, params, tokens, (prefix,), cache_len, batch, kv_dtype)[prefix]
+
+
+def compiled_steps(cfg: ModelConfig, params, tokens: int, prefixes, cache_len: int = 512, batch: int = 1,
+                   kv_dtype=jnp.float32) -> dict:
+  """Returns {prefix: run} as compiled_step, one compiled program timed after each of `prefixes` cached tokens (the
+  attention's cost follows the visible length)."""
+  for prefix in prefixes:
+    if prefix < 0 or prefix + tokens > cache_len:
+      raise ValueError(f"prefix {prefix} + tokens {tokens} must fit the cache of {cache_len}")
   fwd = jax.jit(model.forward_causal, static_argnames=("cfg",), donate_argnames=("cache",))
-  state = {"cache": KVCache.init(cfg, batch, cache_len).replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
   toks = jnp.ones((batch, tokens), jnp.int32)
-  exe = fwd.lower(params, toks, state["cache"], cfg=cfg).compile()
+  exe = fwd.lower(params, toks, KVCache.init(cfg, batch, cache_len, kv_dtype), cfg=cfg).compile()
 
-  def run() -> float:
-    t0 = time.perf_counter()
-    # The cache keeps its length: every call times the same step (the output cache is only written, not grown).
-    logits, state["cache"] = exe(params, toks, state["cache"])
-    logits.block_until_ready()
-    return time.perf_counter() - t0
+  def runner(prefix):  # a cache of its own: each call donates the one before
+    cache = KVCache.init(cfg, batch, cache_len, kv_dtype)
+    state = {"cache": cache.replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
 
-  for _ in range(3):
-    run()
-  return run
+    def run() -> float:
+      t0 = time.perf_counter()
+      # The cache keeps its length: every call times the same step (the output cache is only written, not grown).
+      logits, state["cache"] = exe(params, toks, state["cache"])
+      logits.block_until_ready()
+      return time.perf_counter() - t0
+
+    for _ in range(3):
+      run()
+    return run
+
+  return {prefix: runner(prefix) for prefix in prefixes}
 
 
 def interleaved_ms(steps: dict, repeats: int = 15) -> dict:
@@ -61,6 +75,11 @@ def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512, ba
   """Returns run() -> seconds of one EAGLE draft step (one token a row reading its own last hidden state) for
   `batch` rows after `prefix` cached positions, warmed up: the draft's per-token cost when it drafts
   (ssd_jax/models/eagle.py)."""
+  return compiled_eagle_steps(cfg, params, (prefix,), cache_len, batch)[prefix]
+
+
+def compiled_eagle_steps(cfg, params, prefixes, cache_len: int = 512, batch: int = 1) -> dict:
+  """Returns {prefix: run} as compiled_eagle_step, one compiled program timed after each of `prefixes`."""
   from ..models import eagle
   from ..kernels import causal_mask_info
 
@@ -70,16 +89,20 @@ def compiled_eagle_step(cfg, params, prefix: int = 300, cache_len: int = 512, ba
     logits, h, cache = eagle.forward(params, tok, h, s, cache, s, causal_mask_info(s), cfg)
     return logits, h, cache
 
-  state = {"cache": KVCache.init(cfg, batch, cache_len).replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
   tok, h = jnp.ones((batch, 1), jnp.int32), jnp.ones((batch, 1, cfg.d_model), jnp.float32)
-  exe = step.lower(params, state["cache"], tok, h).compile()
+  exe = step.lower(params, KVCache.init(cfg, batch, cache_len), tok, h).compile()
 
-  def run() -> float:
-    t0 = time.perf_counter()
-    logits, _, state["cache"] = exe(params, state["cache"], tok, h)
-    logits.block_until_ready()
-    return time.perf_counter() - t0
+  def runner(prefix):
+    state = {"cache": KVCache.init(cfg, batch, cache_len).replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
 
-  for _ in range(3):
-    run()
-  return run
+    def run() -> float:
+      t0 = time.perf_counter()
+      logits, _, state["cache"] = exe(params, state["cache"], tok, h)
+      logits.block_until_ready()
+      return time.perf_counter() - t0
+
+    for _ in range(3):
+      run()
+    return run
+
+  return {prefix: runner(prefix) for prefix in prefixes}

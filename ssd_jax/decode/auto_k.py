@@ -3,9 +3,11 @@
 A round of SD at K makes E(a, K) = (1 - a^(K+1)) / (1 - a) tokens a row for one verify of K+1 tokens a row, K draft
 steps and the round's host work; AR makes one token a row per step. At batch B a verify is B x (K+1) rows, so what
 pays at batch 1 stops paying as the batch grows (the products turn compute-bound). With a table of step costs
-measured on this machine (`measure`; cached per machine, backend and model pair; `bench.py --calibrate` redoes it)
-`choose_k` returns the K with the most expected tokens a second, and 0 (plain AR) where no K beats AR by MARGIN.
-Without a table it returns the conservative BUILTIN_K.
+measured on this machine (`measure`; cached per machine, backend, model pair and weight formats; `bench.py
+--calibrate` redoes it) `choose_k` returns the K with the most expected tokens a second, and 0 (plain AR) where no K
+beats AR by MARGIN. The attention's cost follows the cached length, so the costs are measured after PREFIXES cached
+tokens and read at the run's own (`run_prefix`: the batch's mean prompt length plus half the new tokens), linearly
+between (and past the longer). Without a table it returns the conservative BUILTIN_K.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import os
 AUTO = "auto"
 K_MAX = 4
 BATCHES = (1, 2, 4, 8, 16)
+# Cached tokens the costs are measured after: a short and a long context (the cache of 512 holds 448 + K_MAX + 1).
+PREFIXES = (64, 448)
+DEFAULT_PREFIX = 300  # where a run's prefix is not given (and what a one-prefix table of the first format had)
 # Speculation must beat AR by this much to be chosen: the model is an estimate, and a wrong choice for
 # speculation costs more than a wrong choice for AR (which is never slower than AR).
 MARGIN = 1.05
@@ -40,6 +45,7 @@ class StepCosts:
   verify_ms: dict      # {batch: {T: one target forward of T tokens a row}}, T = 2..K_MAX+1
   draft_ms: dict       # {batch: one draft step of 1 token a row}
   about: str = ""      # the machine and models measured
+  prefix: int = DEFAULT_PREFIX  # the cached tokens every step was timed after
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
@@ -49,11 +55,11 @@ class StepCosts:
     d = json.loads(text)
     ints = lambda m: {int(b): v for b, v in m.items()}  # noqa: E731  (JSON keys are strings)
     return cls(ar_ms=ints(d["ar_ms"]), verify_ms={int(b): ints(v) for b, v in d["verify_ms"].items()},
-               draft_ms=ints(d["draft_ms"]), about=d.get("about", ""))
+               draft_ms=ints(d["draft_ms"]), about=d.get("about", ""), prefix=int(d.get("prefix", DEFAULT_PREFIX)))
 
-  def at(self, batch: int) -> tuple[float, dict, float]:
-    """Returns (AR ms, {T: verify ms}, draft ms) at `batch`, interpolated linearly between measured batch sizes
-    (past the largest measured, scaled by rows: compute-bound)."""
+  def at(self, batch: int, prefix: float | None = None) -> tuple[float, dict, float]:
+    """Returns (AR ms, {T: verify ms}, draft ms) at `batch` (any `prefix`: this table has one), interpolated
+    linearly between measured batch sizes (past the largest measured, scaled by rows: compute-bound)."""
     bs = sorted(self.ar_ms)
     if batch in self.ar_ms:
       return self.ar_ms[batch], self.verify_ms[batch], self.draft_ms[batch]
@@ -68,31 +74,81 @@ class StepCosts:
                                                   for t in self.verify_ms[lo]}, mix(self.draft_ms[lo], self.draft_ms[hi]))
 
 
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """Step costs measured after several prefix lengths (StepCosts each); `at` reads them at a run's prefix."""
+
+  tables: tuple        # StepCosts, by increasing prefix
+  about: str = ""
+
+  def __post_init__(self):
+    if not self.tables:
+      raise ValueError("a cost table needs at least one prefix's costs")
+    object.__setattr__(self, "tables", tuple(sorted(self.tables, key=lambda t: t.prefix)))
+
+  def to_json(self) -> str:
+    return json.dumps({"about": self.about, "tables": [dataclasses.asdict(t) for t in self.tables]}, indent=1,
+                      sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text: str) -> "CostTable":
+    """Reads a table (or one StepCosts' JSON: a table of its one prefix)."""
+    d = json.loads(text)
+    if "tables" not in d:
+      one = StepCosts.from_json(text)
+      return cls((one,), one.about)
+    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""))
+
+  def at(self, batch: int, prefix: float | None = None) -> tuple[float, dict, float]:
+    """Returns (AR ms, {T: verify ms}, draft ms) at `batch` after `prefix` cached tokens (None: DEFAULT_PREFIX):
+    linear in the prefix between the two measured prefixes around it, through the last two past the longest, and
+    the shortest's below it."""
+    prefix = DEFAULT_PREFIX if prefix is None else prefix
+    ts = self.tables
+    if len(ts) == 1 or prefix <= ts[0].prefix:
+      return ts[0].at(batch)
+    hi = next((i for i, t in enumerate(ts) if t.prefix >= prefix), len(ts) - 1)
+    lo_t, hi_t = ts[hi - 1], ts[hi]
+    w = (prefix - lo_t.prefix) / (hi_t.prefix - lo_t.prefix)
+    (a0, v0, d0), (a1, v1, d1) = lo_t.at(batch), hi_t.at(batch)
+    mix = lambda x, y: x + w * (y - x)  # noqa: E731
+    return mix(a0, a1), {t: mix(v0[t], v1[t]) for t in v0 if t in v1}, mix(d0, d1)
+
+
+def run_prefix(prompt_lens, max_new_tokens: int) -> float:
+  """Returns the cached tokens a batch's steps see on average: its mean prompt length plus half the new tokens."""
+  return sum(prompt_lens) / len(prompt_lens) + max_new_tokens / 2
+
+
 def expected_tokens(a: float, k: int) -> float:
   """Returns E[tokens per round a row] with per-token acceptance a and K drafts (accepted + bonus)."""
   return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def sd_speedup(costs: StepCosts, batch: int, k: int, a: float) -> float:
-  """Returns SD's expected tokens a second over AR's at `batch` with K drafts a round (1.0 for K=0)."""
+def sd_speedup(costs, batch: int, k: int, a: float, prefix: float | None = None) -> float:
+  """Returns SD's expected tokens a second over AR's at `batch` with K drafts a round (1.0 for K=0), from `costs`
+  (StepCosts or CostTable) read after `prefix` cached tokens. The round's host work is ROUND_OVERHEAD AR steps of
+  one row (at the same prefix)."""
   if k == 0:
     return 1.0
-  ar, verify, draft = costs.at(batch)
+  ar, verify, draft = costs.at(batch, prefix)
   if k + 1 not in verify:
     return 0.0
-  round_ms = verify[k + 1] + k * draft + ROUND_OVERHEAD * costs.ar_ms[min(costs.ar_ms)]
+  round_ms = verify[k + 1] + k * draft + ROUND_OVERHEAD * costs.at(1, prefix)[0]
   return expected_tokens(a, k) * ar / round_ms
 
 
-def choose_k(costs: StepCosts | None, batch: int, a: float, k_max: int = K_MAX, builtin: dict = BUILTIN_K) -> int:
-  """Returns the K (0 = AR) with the most expected tokens a second at `batch` rows; `builtin` without costs."""
+def choose_k(costs, batch: int, a: float, k_max: int = K_MAX, builtin: dict = BUILTIN_K,
+             prefix: float | None = None) -> int:
+  """Returns the K (0 = AR) with the most expected tokens a second at `batch` rows after `prefix` cached tokens
+  (StepCosts or CostTable `costs`); `builtin` without costs."""
   if batch < 1:
     raise ValueError(f"batch must be >= 1, got {batch}")
   if costs is None:
     return min(builtin.get(batch, 0), k_max)
   best, best_speedup = 0, MARGIN
   for k in range(1, k_max + 1):
-    s = sd_speedup(costs, batch, k, a)
+    s = sd_speedup(costs, batch, k, a, prefix)
     if s > best_speedup:
       best, best_speedup = k, s
   return best
@@ -106,9 +162,21 @@ def acceptance(calibration: dict | None, temperature: float, default: float = 0.
   return float(calibration[min(calibration, key=lambda t: abs(t - temperature))][0])
 
 
+def params_format(params) -> str:
+  """Returns what a model's step cost depends on in its parameters, whatever their format (float32, int8, GGUF
+  blocks, a draft's own choice): each leaf's path, shape and dtype, and the bytes in all, as one short digest."""
+  import jax
+
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  desc = [f"{jax.tree_util.keystr(path)}:{tuple(getattr(x, 'shape', ()))}:{getattr(x, 'dtype', type(x).__name__)}"
+          for path, x in leaves]
+  nbytes = sum(int(getattr(x, "nbytes", 0)) for _, x in leaves)
+  return hashlib.sha256("\n".join(desc + [str(nbytes)]).encode()).hexdigest()[:16]
+
+
 def costs_path(*names: str) -> str:
   """Returns the cache file of the step costs for this machine, backend and models (`names`: what identifies them,
-  e.g. their configs as JSON)."""
+  e.g. their configs and params_format)."""
   import jax
 
   from ..kernels.cpu_ffi import _cache_dir, _cpu_signature
@@ -118,30 +186,36 @@ def costs_path(*names: str) -> str:
   return os.path.join(os.path.dirname(_cache_dir()), "step_costs", f"{digest}.json")
 
 
-def load_costs(path: str) -> StepCosts | None:
+def load_costs(path: str) -> CostTable | None:
   """Returns the step costs cached at `path`, or None (none measured yet, or unreadable: then the built-in K)."""
   try:
     with open(path, encoding="utf-8") as f:
-      return StepCosts.from_json(f.read())
+      return CostTable.from_json(f.read())
   except (OSError, ValueError, KeyError, TypeError):
     return None
 
 
-def measure(target, draft, batches=BATCHES, k_max: int = K_MAX, repeats: int = 7, log=print) -> StepCosts:
+def measure(target, draft, batches=BATCHES, k_max: int = K_MAX, repeats: int = 7, prefixes=PREFIXES,
+            kv_dtype="float32", log=print) -> CostTable:
   """Returns step costs measured here for `target` and `draft` (objects with .cfg and .params; an EAGLE draft is
-  timed as its own step): per batch the AR step, the verify of T = 2..k_max+1 tokens and the draft step,
-  interleaved, medians of `repeats`."""
-  from ..bench.step_cost import compiled_eagle_step, compiled_step, interleaved_ms
+  timed as its own step): per batch and prefix the AR step, the verify of T = 2..k_max+1 tokens and the draft step
+  (the target's KV cache in `kv_dtype`), all of a batch interleaved, medians of `repeats`."""
+  from ..bench.step_cost import compiled_eagle_steps, compiled_steps, interleaved_ms
 
-  ar, verify, drafted = {}, {}, {}
+  ar, verify, drafted = ({p: {} for p in prefixes} for _ in range(3))
   eagle = getattr(draft.cfg, "kind", None) == "eagle"
   for b in batches:
-    steps = {t: compiled_step(target.cfg, target.params, tokens=t, batch=b) for t in range(1, k_max + 2)}
-    steps["draft"] = (compiled_eagle_step(draft.cfg, draft.params, batch=b) if eagle
-                      else compiled_step(draft.cfg, draft.params, tokens=1, batch=b))
+    steps = {}
+    for t in range(1, k_max + 2):
+      for p, run in compiled_steps(target.cfg, target.params, t, prefixes, batch=b, kv_dtype=kv_dtype).items():
+        steps[(t, p)] = run
+    runs = (compiled_eagle_steps(draft.cfg, draft.params, prefixes, batch=b) if eagle
+            else compiled_steps(draft.cfg, draft.params, 1, prefixes, batch=b))
+    steps.update({("draft", p): run for p, run in runs.items()})
     ms = interleaved_ms(steps, repeats)
-    ar[b], drafted[b] = ms[1], ms["draft"]
-    verify[b] = {t: ms[t] for t in range(2, k_max + 2)}
-    log(f"[calibrate] batch {b}: AR {ar[b]:.1f} ms, verify " +
-        ", ".join(f"T={t} {v:.1f}" for t, v in verify[b].items()) + f", draft {drafted[b]:.1f} ms")
-  return StepCosts(ar, verify, drafted)
+    for p in prefixes:
+      ar[p][b], drafted[p][b] = ms[(1, p)], ms[("draft", p)]
+      verify[p][b] = {t: ms[(t, p)] for t in range(2, k_max + 2)}
+      log(f"[calibrate] batch {b}, prefix {p}: AR {ar[p][b]:.1f} ms, verify " +
+          ", ".join(f"T={t} {v:.1f}" for t, v in verify[p][b].items()) + f", draft {drafted[p][b]:.1f} ms")
+  return CostTable(tuple(StepCosts(ar[p], verify[p], drafted[p], prefix=p) for p in prefixes))

@@ -53,30 +53,40 @@ def ngram_propose(seq, k: int, n_max: int = 3) -> list[int]:
 
 
 def new_tally() -> dict:
-  """Running statistics for the automatic backup choice (Theorem 17)."""
-  return {"hit_rounds": 0, "hit_tokens": 0, "neural_rounds": 0, "neural_tokens": 0, "neural_s": 0.0,
-          "verify_s": 0.0, "verify_n": 0}
+  """Running statistics for the automatic backup choice (Theorem 17), per row of each verified round: rows served
+  from the cache (hit), rows that missed it (miss: any backup) and, of those, rows the neural backup served; the
+  neural backup's calls and seconds (one call drafts for the whole batch) and the verifies' seconds."""
+  return {"hit_rows": 0, "hit_tokens": 0, "miss_rows": 0, "neural_rows": 0, "neural_tokens": 0, "neural_calls": 0,
+          "neural_s": 0.0, "verify_s": 0.0, "verify_n": 0}
 
 
-def record_round(tally: dict, served_kind: str, live, seqs, lens_before) -> None:
-  """Counts a verified round's rows and tokens under the kind of speculation it served ('hit' or 'neural')."""
-  if served_kind not in ("hit", "neural"):
-    return
+def record_round(tally: dict, backup_kind: str, live, seqs, lens_before, row_hit=None) -> None:
+  """Counts a verified round's live rows and the tokens each committed: a row with `row_hit` as a hit, another as a
+  miss served by `backup_kind` ('neural', 'fast', 'ngram'); `row_hit` None: the first round, which no cache lookup
+  served (its rows count only toward the backup's tokens)."""
   for i in np.flatnonzero(live):
-    tally[f"{served_kind}_rounds"] += 1
-    tally[f"{served_kind}_tokens"] += len(seqs[i]) - int(lens_before[i])
+    tokens = len(seqs[i]) - int(lens_before[i])
+    if row_hit is not None and row_hit[i]:
+      tally["hit_rows"] += 1
+      tally["hit_tokens"] += tokens
+      continue
+    tally["miss_rows"] += row_hit is not None
+    if backup_kind == "neural":
+      tally["neural_rows"] += 1
+      tally["neural_tokens"] += tokens
 
 
 def choose_backup(setting: str, tally: dict, batch: int) -> str:
-  """Returns the backup for the next miss: `setting` itself, or for 'auto' the Theorem 17 choice from `tally`
-  (times in units of one verify), neural until both kinds of round have been seen twice."""
+  """Returns the backup for the next miss: `setting` itself, or for 'auto' the Theorem 17 choice for `batch` live
+  rows from `tally` (p_hit and tokens per row, the neural call's time in units of one verify), neural until hits,
+  neural rows and verifies have each been seen twice."""
   if setting != "auto":
     return setting
-  if tally["neural_rounds"] < 2 or tally["hit_rounds"] < 2 or tally["verify_n"] < 2:
+  t = tally
+  if t["neural_rows"] < 2 or t["hit_rows"] < 2 or t["verify_n"] < 2 or t["neural_calls"] < 1:
     return "neural"  # gather statistics first
-  lookups = tally["hit_rounds"] + tally["neural_rounds"]
-  t_verify = tally["verify_s"] / tally["verify_n"]
-  better = neural_backup_better(batch, tally["hit_rounds"] / lookups, tally["hit_tokens"] / tally["hit_rounds"],
-                                tally["neural_tokens"] / tally["neural_rounds"],
-                                tally["neural_s"] / tally["neural_rounds"] / t_verify)
+  t_verify = t["verify_s"] / t["verify_n"]
+  better = neural_backup_better(batch, t["hit_rows"] / (t["hit_rows"] + t["miss_rows"]),
+                                t["hit_tokens"] / t["hit_rows"], t["neural_tokens"] / t["neural_rows"],
+                                t["neural_s"] / t["neural_calls"] / t_verify)
   return "neural" if better else "fast"

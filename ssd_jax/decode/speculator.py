@@ -250,14 +250,14 @@ class TreeDraft:
     self.hits, self.hits_by_len, self.rounds_by_len = (np.zeros(b, np.int64), np.zeros((b, k + 1), np.int64),
                                                        np.zeros((b, k + 1), np.int64))
     self.backups_used = {"neural": 0, "fast": 0, "ngram": 0}
-    self.tally = new_tally()
+    self.tally, self.row_hit = new_tally(), None  # row_hit: rows the last round served from the cache
     self.ranks = [[] for _ in range(b)]
     self.tree_s, self.cache_bytes, self.rnd = 0.0, 0, 0
     # Host time per phase of the reply to an outcome (what the target waits through), summed over rounds.
     self.phase_s = {p: 0.0 for p in ("commit", "tree_wait", "lookup", "backup", "serve")}
     if self.book.done.all():
       return None
-    self.served = choose_backup(self.spec.backup, self.tally, b)
+    self.served = self.backup_kind = choose_backup(self.spec.backup, self.tally, b)
     tok, q = self._backup(self.served)
     return self._serve(tok, q)
 
@@ -286,7 +286,7 @@ class TreeDraft:
     live = ~self.book.done
     lens_before = observe(self.model, self.book, o)
     self.book.commit(o.accept_len, o.bonus, self.model.fetch(self.served_tokens), t_recv)
-    record_round(self.tally, self.served, live, self.book.seqs, lens_before)
+    record_round(self.tally, self.backup_kind, live, self.book.seqs, lens_before, self.row_hit)
     t_in = time.perf_counter()
     tree = self.tree
     tree.tokens.block_until_ready()
@@ -308,11 +308,12 @@ class TreeDraft:
       self.hits[i] += hit_np[i]
       self.rounds_by_len[i, acc[i]] += 1
       self.hits_by_len[i, acc[i]] += hit_np[i]
+    self.row_hit = hit_np.astype(bool)
     if hit_np[~self.book.done].all():  # the cache holds q over the head vocabulary: it is served as it is
       self.served = "hit"
       return self._serve(c_tok, c_q, compact=True)
-    # A backup for every row; rows that hit keep their cached speculation.
-    self.served = choose_backup(self.spec.backup, self.tally, len(self.prompts))
+    # A backup for every row; rows that hit keep their cached speculation. A miss stalls the live rows only.
+    self.served = self.backup_kind = choose_backup(self.spec.backup, self.tally, int((~self.book.done).sum()))
     c_q = self.model.run(serve_q, self.model.params, c_q, cfg=self.model.cfg)
     tok, q = self._backup(self.served)
     tok, q = self.model.run(merge_rows, hit, c_tok, c_q, tok, q)
@@ -326,6 +327,7 @@ class TreeDraft:
       tok, q = m.propose(*self.book.state(m.window), self._key(self.rnd, 2))
       tok.block_until_ready()
       self.tally["neural_s"] += time.perf_counter() - t
+      self.tally["neural_calls"] += 1
     elif kind == "fast":
       tok, q = run(random_speculation, m.put(self._key(self.rnd, 3)), batch=len(self.prompts), k=k, vocab=v)
     else:
