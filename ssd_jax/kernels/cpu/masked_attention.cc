@@ -33,6 +33,7 @@ using namespace ssd_simd;  // NOLINT: vf, kW, Load, Fma, HSum
 
 constexpr float kNeg = -1e30f;
 constexpr int kMaxR = 16;  // query heads per KV head handled in registers-sized scratch
+constexpr int kKB = 16;   // keys per block: one maximum, one rescale and vector exps per block (a multiple of kW)
 
 int Threads() {
   const int n = omp_get_num_procs();
@@ -49,46 +50,89 @@ inline float Dot(const float* a, const float* b, int64_t d) {
   return s;
 }
 
-// One (row b, query t, KV head g): the R query heads of the group against the visible slots.
+// The online-softmax state of the R query heads of one KV head for one query.
+struct GroupState {
+  const float* q;  // [R, D]
+  const float* k;  // key row s at k + s * G * D
+  const float* v;
+  int64_t G, D, R;
+  float scale;
+  float m[kMaxR], l[kMaxR];
+  float* acc;  // [R, D]
+};
+
+// Folds up to kKB keys (cache slots `slots[0..n)`) into the state: per head the block's scores, one new maximum and
+// one rescale of the running sums, the weights by the vector exp (padding lanes get exp(-1e30) = 0), then the values
+// in slot order. Every step is the same for every query: a query's result depends only on its own slots.
+void FoldBlock(GroupState& st, const int64_t* slots, int n) {
+  const int64_t D = st.D, R = st.R, stride = st.G * D;
+  alignas(64) float x[kKB], p[kMaxR][kKB];
+  float c[kMaxR];
+  for (int64_t r = 0; r < R; ++r) {
+    float mb = kNeg;
+    for (int j = 0; j < n; ++j) {
+      x[j] = Dot(st.q + r * D, st.k + slots[j] * stride, D) * st.scale;
+      mb = std::max(mb, x[j]);
+    }
+    for (int j = n; j < kKB; ++j) x[j] = kNeg;
+    const float m = std::max(st.m[r], mb);
+    for (int j = 0; j < kKB; j += kW) Store(p[r] + j, Exp(Load(x + j) - Splat(m)));
+    c[r] = Exp(st.m[r] - m);
+    float sum = 0.f;
+    for (int j = 0; j < n; ++j) sum += p[r][j];
+    st.l[r] = Fma(st.l[r], c[r], sum);
+    st.m[r] = m;
+  }
+  int64_t i = 0;
+  for (; i + kW <= D; i += kW) {
+    for (int64_t r = 0; r < R; ++r) {
+      vf a = Load(st.acc + r * D + i) * Splat(c[r]);
+      for (int j = 0; j < n; ++j) a = Fma(Splat(p[r][j]), Load(st.v + slots[j] * stride + i), a);
+      Store(st.acc + r * D + i, a);
+    }
+  }
+  for (; i < D; ++i) {
+    for (int64_t r = 0; r < R; ++r) {
+      float a = st.acc[r * D + i] * c[r];
+      for (int j = 0; j < n; ++j) a = Fma(p[r][j], st.v[slots[j] * stride + i], a);
+      st.acc[r * D + i] = a;
+    }
+  }
+}
+
+// One (row b, query t, KV head g): the R query heads of the group against the visible slots, in blocks of kKB: the
+// prefix below visible_end, then the query's tree branch (slots the prefix already counted are skipped).
 void AttendGroup(const float* q, const float* k, const float* v, float* out, int64_t S, int64_t G, int64_t D,
                  int64_t R, int64_t vis_end, int64_t tree_lo, int64_t tree_depth, int64_t tree_width,
                  float scale) {
-  float m[kMaxR], l[kMaxR];
   std::vector<float> acc(static_cast<size_t>(R * D), 0.f);
+  GroupState st{q, k, v, G, D, R, scale, {}, {}, acc.data()};
   for (int64_t r = 0; r < R; ++r) {
-    m[r] = kNeg;
-    l[r] = 0.f;
+    st.m[r] = kNeg;
+    st.l[r] = 0.f;
   }
-  auto visit = [&](int64_t s) {
-    const float* ks = k + (s * G) * D;
-    const float* vs = v + (s * G) * D;
-    for (int64_t r = 0; r < R; ++r) {
-      const float x = Dot(q + r * D, ks, D) * scale;
-      float* a = acc.data() + r * D;
-      if (x > m[r]) {
-        const float c = std::exp(m[r] - x);
-        l[r] = Fma(l[r], c, 1.f);
-        for (int64_t i = 0; i < D; ++i) a[i] = Fma(a[i], c, vs[i]);
-        m[r] = x;
-      } else {
-        const float p = std::exp(x - m[r]);
-        l[r] += p;
-        for (int64_t i = 0; i < D; ++i) a[i] = Fma(p, vs[i], a[i]);
-      }
+  int64_t slots[kKB];
+  int n = 0;
+  auto add = [&](int64_t s) {
+    slots[n++] = s;
+    if (n == kKB) {
+      FoldBlock(st, slots, n);
+      n = 0;
     }
   };
   const int64_t end = std::min<int64_t>(std::max<int64_t>(vis_end, 0), S);
-  for (int64_t s = 0; s < end; ++s) visit(s);
+  for (int64_t s = 0; s < end; ++s) add(s);
   if (tree_width > 0 && tree_depth >= 0) {
     for (int64_t d = 0; d <= tree_depth; ++d) {
       const int64_t s = tree_lo + d * tree_width;
       if (s >= S) break;
-      if (s >= end && s >= 0) visit(s);  // slots below visible_end are already counted
+      if (s >= end && s >= 0) add(s);  // slots below visible_end are already counted
     }
   }
+  if (n > 0) FoldBlock(st, slots, n);
   for (int64_t r = 0; r < R; ++r) {
     float* o = out + r * D;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // no visible key (padding): zeros, as the reference gives
+    const float inv = st.l[r] > 0.f ? 1.f / st.l[r] : 0.f;  // no visible key (padding): zeros, as the reference gives
     for (int64_t i = 0; i < D; ++i) o[i] = acc[r * D + i] * inv;
   }
 }
@@ -124,7 +168,26 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
   return ffi::Error::Success();
 }
 
+// For tests: out[0] = exp(x) by the vector form (simd.h), out[1] by the scalar form, for x of any length.
+ffi::Error VectorExpImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  const float* X = x.typed_data();
+  float* O = out->typed_data();
+  for (int64_t i = 0; i < n; i += kW) {
+    alignas(64) float buf[kW] = {};
+    const int64_t w = std::min<int64_t>(kW, n - i);
+    std::memcpy(buf, X + i, sizeof(float) * w);
+    Store(buf, Exp(Load(buf)));
+    std::memcpy(O + i, buf, sizeof(float) * w);
+  }
+  for (int64_t i = 0; i < n; ++i) O[n + i] = Exp(X[i]);
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdVectorExp, VectorExpImpl,
+                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdMaskedAttention, MaskedAttentionImpl,
                               ffi::Ffi::Bind()
