@@ -5,7 +5,10 @@
 // on the 2-core CPU it measured about a quarter of the target's whole AR step. This kernel walks, per query, the
 // slots < visible_end and then its own tree branch's slots (ssd_jax/kernels/mask.py describes the metadata),
 // with an online softmax, so the cost follows the visible length, not the cache's size. The query heads that share
-// a KV head are handled together, so each key and value row is read once per group.
+// a KV head are handled together, so each key and value row is read once per group, and so are the queries of one
+// call (a verify's T) at each whole block of keys. Keys go in blocks of 16: the block's scores as vectors, one
+// maximum and one rescale of the running sums per block, the weights by simd.h's vector exp (not a libm expf per key
+// and head, which was a third of the kernel's time).
 //
 // Layouts (row-major): q [B, T, H, D], k and v [B, S, G, D], visible_end / tree_branch / tree_depth [B, T],
 // tree_start [B]; out [B, T, H, D]. H = G * R. Computed in float32.
