@@ -202,9 +202,9 @@ def test_cpu_attention_query_does_not_depend_on_the_others(arch, h, g, d):
   """A query attends to the same keys whether it comes alone (an AR step) or among the T queries of a verify, and
   gets the same bits: for each instruction set's build on this CPU, and against the reference."""
   rng = np.random.default_rng(d)
-  b, t, s = 2, 6, 40
+  b, t, s = 2, 6, 90  # the second row's queries see 78..83 slots: 4 or 5 whole blocks of 16 keys, then the rest
   q, k, v = _draw(rng, b, t, h, d), _draw(rng, b, s, g, d), _draw(rng, b, s, g, d)
-  mask = verify_mask(np.asarray([3, 21]), t, t - 1)
+  mask = verify_mask(np.asarray([3, 77]), t, t - 1)
   call = attn.cpu_attention_variant(arch)
 
   def alone(i):
@@ -216,6 +216,26 @@ def test_cpu_attention_query_does_not_depend_on_the_others(arch, h, g, d):
   np.testing.assert_allclose(np.asarray(together), np.asarray(attn.ref_attention(q, k, v, mask)), rtol=2e-5, atol=2e-5)
   np.testing.assert_array_equal(np.asarray(together), np.concatenate([np.asarray(x) for x in singles], axis=1),
                                 err_msg=arch)
+
+
+@needs_cpu_attention
+def test_softmax_exp_is_within_an_ulp_and_the_same_bits_on_every_instruction_set():
+  """The attention's own exp (simd.h): within 2 ulp of float64's exp down to FLT_MIN (0 below), exactly 1 at 0, and
+  its vector and scalar forms give the same bits on every instruction set's build this CPU runs."""
+  rng = np.random.default_rng(7)
+  x = np.concatenate([rng.uniform(-87.3, 88, 50000), rng.uniform(-1, 0, 50000), np.linspace(-20, 0, 20001),
+                      [0.0, -1e-8, -90.0, -1e30]]).astype(np.float32)
+  want = np.exp(x.astype(np.float64))
+  normal = want >= np.finfo(np.float32).tiny
+  first = None
+  for arch in ARCHES:
+    got = np.asarray(attn.cpu_vector_exp(x, arch))
+    np.testing.assert_array_equal(got[0].view(np.int32), got[1].view(np.int32), err_msg=arch)
+    ulps = np.abs(got[0][normal] - want[normal]) / np.spacing(want[normal].astype(np.float32))
+    assert ulps.max() <= 2, (arch, ulps.max())
+    assert got[0][np.flatnonzero(x == 0)[0]] == 1 and np.all(got[0][x < -88] == 0), arch
+    first = got if first is None else first
+    np.testing.assert_array_equal(got.view(np.int32), first.view(np.int32), err_msg=arch)
 
 
 @needs_cpu_attention

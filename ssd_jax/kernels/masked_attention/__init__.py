@@ -13,12 +13,12 @@ import jax.numpy as jnp
 from ...settings import ATTN_IMPLS, check_choice
 from ..mask import MaskInfo, causal_mask_info, visible_mask
 from ..platform import kernel_platform
-from .cpu import cpu_attention, cpu_attention_available, cpu_attention_variant
+from .cpu import cpu_attention, cpu_attention_available, cpu_attention_variant, cpu_vector_exp
 from .pallas import pallas_attention
 from .ref import ref_attention
 
 __all__ = ["IMPLS", "MaskInfo", "attention", "causal_mask_info", "cpu_attention", "cpu_attention_available",
-           "cpu_attention_variant", "pallas_attention", "ref_attention", "resolve_impl", "visible_mask"]
+           "cpu_attention_variant", "cpu_vector_exp", "pallas_attention", "ref_attention", "resolve_impl", "visible_mask"]
 
 IMPLS = ATTN_IMPLS
 

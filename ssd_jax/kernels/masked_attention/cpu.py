@@ -15,7 +15,7 @@ from ..mask import MaskInfo, kernel_specs
 from .ref import ref_attention
 
 
-_CPU_TARGETS = {"ssd_masked_attention": "SsdMaskedAttention"}
+_CPU_TARGETS = {"ssd_masked_attention": "SsdMaskedAttention", "ssd_vector_exp": "SsdVectorExp"}
 
 
 def cpu_attention_available() -> bool:
@@ -97,3 +97,11 @@ def cpu_attention_variant(arch: str):
                       i32(mask.tree_depth), mask.tree_width, target)
 
   return call
+
+
+def cpu_vector_exp(x, arch: str = "native"):
+  """Returns exp of the float32 array x (flattened) as [2, x.size]: the kernel's vector form, then its scalar form
+  (simd.h's Exp), built for `arch`. For tests of the softmax's exp: its accuracy and that the forms agree."""
+  target = cpu_ffi.register_variant("masked_attention", _CPU_TARGETS, arch)["ssd_vector_exp"]
+  x = jnp.ravel(jnp.asarray(x, jnp.float32))
+  return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((2, x.size), jnp.float32))(x)
