@@ -1,10 +1,13 @@
 """The draft's weight format (ssd_jax/models/draft_weights.py, load's draft_weights): our Q8_0 quantizer, the quantized
 draft's forward against its dequantized float32 model, and greedy SD / SSD equal to AR with it (tiny pairs, standalone
 and EAGLE, and the real SmolLM2 pair). The sampled law with it: test_sampled_decoding."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from script_modules import load_script
 
 from ssd_jax import api
 from ssd_jax.kernels import causal_mask_info
@@ -107,3 +110,17 @@ def test_greedy_sd_and_ssd_equal_ar_with_the_real_q8_0_draft():
   want = [g.token_ids for g in pipe.generate(prompts, mode="ar", max_new_tokens=16)]
   for mode, k in (("sd", 3), ("ssd", 2)):
     assert [g.token_ids for g in pipe.generate(prompts, mode=mode, k=k, max_new_tokens=16)] == want, mode
+
+
+def test_draft_cost_script_times_every_call_of_each_format(tmp_path):
+  out = tmp_path / "cost.json"
+  load_script("draft_cost.py", "draft_cost_script").main(
+      ["--tiny", "--eagle", "tiny", "--repeats", "2", "--ks", "1,2", "--batch", "1", "--prefix", "20",
+       "--json-out", str(out)])
+  ms = json.loads(out.read_text())["batch1"]
+  for label in ("draft/full", "draft/q8_0", "eagle/full", "eagle/q8_0"):
+    for name in ("step", "exe_1", "exe_2", "propose_1", "propose_2"):
+      assert ms[f"{label}/{name}"] > 0, (label, name)
+    assert ms[f"{label}/host_2"] == round(ms[f"{label}/propose_2"] - ms[f"{label}/exe_2"], 3)
+  assert "draft/full/linear" in ms and "eagle/full/linear" not in ms
+  assert ms["floor/empty_jit"] > 0 and ms["floor/get"] > 0
