@@ -13,7 +13,8 @@ turn, so drift on a shared machine hits them alike), after a --prefix-token cach
   propose_K     DraftModel.propose as SD calls it (puts the window, lengths and key, looks the program up,
                 dispatches) with the tokens fetched: the draft's share of a round
   host_K        propose_K - exe_K: host-side work and dispatch of a proposal
-The standalone draft and an EAGLE draft (--eagle, the target's GGUF head attached) are both measured when given.
+The standalone draft and an EAGLE draft (--eagle: the target's head rows attached, as load() gives it) are both
+measured when given; each format is made from the same loaded weights by draft_weights.quantize_draft.
 """
 from __future__ import annotations
 
