@@ -2,6 +2,7 @@
 draft's forward against its dequantized float32 model, and greedy SD / SSD equal to AR with it (tiny pairs, standalone
 and EAGLE, and the real SmolLM2 pair). The sampled law with it: test_sampled_decoding."""
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -87,16 +88,20 @@ def test_q8_0_eagle_draft_forward_equals_its_dequantized_float32_model():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("eagle_draft", [False, True])
-def test_greedy_sd_and_ssd_equal_ar_with_a_q8_0_tiny_draft(eagle_draft):
+@pytest.mark.parametrize("eagle_draft,placement", [(False, "devices"), (True, "devices"), (False, "processes")])
+def test_greedy_sd_and_ssd_equal_ar_with_a_q8_0_tiny_draft(eagle_draft, placement):
+  """SSD's draft in this process, or in its own (its params, blocks included, travel to the child as host arrays)."""
+  if placement == "processes" and len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs two CPU cores")
   pipe = api.load_tiny(eagle=eagle_draft)
   pipe.draft.params = draft_weights.quantize_draft(pipe.draft.cfg, pipe.draft.params, "q8_0")
-  pipe.ssd_placement = "devices"  # the draft in this process (a child process is test_ssd_processes's)
+  pipe.ssd_placement = placement
   prompts = ["hello there", "abc abc abc"]
   want = [g.token_ids for g in pipe.generate(prompts, mode="ar", max_new_tokens=12, ignore_eos=True)]
   for mode in ("sd", "ssd"):
     got = pipe.generate(prompts, mode=mode, k=3, max_new_tokens=12, ignore_eos=True)
     assert [g.token_ids for g in got] == want, mode
+  assert got[0].stats["placement"]["kind"] == placement
 
 
 def test_greedy_sd_and_ssd_equal_ar_with_the_real_q8_0_draft():
