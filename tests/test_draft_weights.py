@@ -15,6 +15,8 @@ from ssd_jax.kernels import causal_mask_info
 from ssd_jax.models import blocks, draft_weights, eagle, model
 from ssd_jax.models.kv_cache import KVCache
 
+EAGLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "eagle-smollm2")
+
 
 def dequantized(params):
   """The float32 model a quantized draft computes: every block weight replaced by its logical matrix."""
@@ -129,3 +131,15 @@ def test_draft_cost_script_times_every_call_of_each_format(tmp_path):
     assert ms[f"{label}/host_2"] == round(ms[f"{label}/propose_2"] - ms[f"{label}/exe_2"], 3)
   assert "draft/full/linear" in ms and "eagle/full/linear" not in ms
   assert ms["floor/empty_jit"] > 0 and ms["floor/get"] > 0
+
+
+def test_a_q8_0_eagle_head_is_the_targets_own_blocks():
+  """The EAGLE draft's head is rows of the target's Q8_0 embedding, dequantized at attach: our quantizer gives those
+  blocks back bit for bit, so the q8_0 EAGLE head computes the target's own head rows."""
+  pipe = api.load(draft=EAGLE, draft_weights="q8_0")
+  emb, head = jax.device_get(pipe.target.params["embed"]), jax.device_get(pipe.draft.params["head"])
+  if not (blocks.is_block(emb) and emb.kind == "Q8_0"):
+    pytest.skip("the target is not in its GGUF blocks here")
+  want = blocks.take_rows(emb, np.asarray(pipe.draft.params["head_ids"]))
+  np.testing.assert_array_equal(np.asarray(head.qs), np.asarray(want.qs))
+  np.testing.assert_array_equal(np.asarray(head.d), np.asarray(want.d))
