@@ -71,6 +71,9 @@ def parse_args(argv=None):
   p.add_argument("--quantize", default="auto", metavar=braces(settings.WEIGHTS),
                  help="target weights: auto (gguf for a GGUF target on one CPU device, else full), full, int8 "
                  "(weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
+  p.add_argument("--draft-weights", default="auto", metavar=braces(settings.DRAFT_WEIGHTS),
+                 help="the draft's: auto (q8_0 on a CPU, else full), full (as loaded), q8_0 (its matrices and "
+                      "head in Q8_0 blocks quantized at load: faster on a CPU, acceptance measured)")
   p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
   p.add_argument("--ssd-placement", default="auto", metavar=braces(settings.SSD_PLACEMENTS),
@@ -170,7 +173,7 @@ def check_args(args) -> list[str]:
   # The settings' own checks (the API's lines); K, the fan-out, backup and Saguaro C: per variant (bench_variants).
   settings.check_batch_size(args.batch_size)
   settings.LoadSettings(args.attention, args.ssd_placement, "auto", args.quantize, args.dtype, args.target_devices,
-                        args.draft_devices)
+                        args.draft_devices, args.draft_weights)
   DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
   if args.sweep_values and not args.sweep:
     fail("--sweep-values needs --sweep")
@@ -533,7 +536,7 @@ def load_pipe(args, modes):
   else:
     pipe = api.load(args.target, draft=args.draft if spec else None, attn_impl=args.attention,
                     target_devices=args.target_devices, draft_devices=args.draft_devices, dtype=args.dtype,
-                    weights=args.quantize)
+                    weights=args.quantize, draft_weights=args.draft_weights)
   if spec and pipe.draft is None:
     fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
   return pipe

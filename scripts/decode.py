@@ -85,6 +85,9 @@ def make_parser() -> argparse.ArgumentParser:
                  help="auto: gguf for a GGUF target (the default one included) on one CPU device, else full; int8: "
                       "the target's matrices weight-only int8 per output channel; gguf: a GGUF target's own "
                       "Q8_0/Q4_1 blocks, read from the file")
+  p.add_argument("--draft-weights", default="auto", metavar=braces(settings.DRAFT_WEIGHTS),
+                 help="the draft's: auto (q8_0 on a CPU, else full), full (as loaded), q8_0 (its matrices and "
+                      "head in Q8_0 blocks quantized at load: faster on a CPU, acceptance measured)")
   p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
   p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
   distributed.add_arguments(p)
@@ -103,7 +106,7 @@ def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
     settings.check_mode(args.mode)
   settings.check_batch_size(args.batch_size)
   settings.LoadSettings(args.attention, args.ssd_placement, args.kv_dtype, args.quantize, args.dtype,
-                        args.target_devices, args.draft_devices)
+                        args.target_devices, args.draft_devices, args.draft_weights)
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed, ignore_eos=args.ignore_eos)
   spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
@@ -170,7 +173,7 @@ def main(argv=None):
     api.draft_dir(args.draft)  # unread under ar (a warning below), but a draft that is not there is still a mistake
   plan = api.prepare(args.target, None if no_draft else args.draft, args.attention, args.target_devices,
                      args.draft_devices, args.ssd_placement, args.dtype, args.quantize,
-                     None if args.mode == "ar" else args.draft_head_vocab, args.kv_dtype)
+                     None if args.mode == "ar" else args.draft_head_vocab, args.kv_dtype, args.draft_weights)
   default_mode, where = plan.mode_and_placement()
   spec = dataclasses.replace(spec, placement=where)
   mode = args.mode or default_mode

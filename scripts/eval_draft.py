@@ -23,7 +23,8 @@ import json
 import os
 import sys
 
-from ssd_jax.cli_util import fail, run_main
+from ssd_jax import settings
+from ssd_jax.cli_util import braces, fail, run_main
 from ssd_jax.decode.options import FAN_OUT_STRATEGIES
 from ssd_jax.theory.timing_model import expected_tokens
 
@@ -37,6 +38,8 @@ def parse_args(argv=None):
   p.add_argument("--fan-out", type=int, default=3, help="fan-out F for the replayed SSD cache hit rate")
   p.add_argument("--fan-out-strategy", choices=FAN_OUT_STRATEGIES, default="uniform",
                  help="F at every acceptance length, or the budget (K+1) F spread by the draft's calibration")
+  p.add_argument("--draft-weights", default="auto", metavar=braces(settings.DRAFT_WEIGHTS),
+                 help="the draft's format as decoding loads it (auto: q8_0 on a CPU; full; q8_0)")
   p.add_argument("--json-out")
   p.add_argument("--answers", help="a JSON file of the target's answers: read when it holds these prompts and "
                                    "settings, else written, so several drafts are scored on the same answers")
@@ -47,6 +50,7 @@ def main(argv=None):
   args = parse_args(argv)
   if min(args.num_prompts, args.max_new_tokens, args.fan_out) < 1:
     fail("--num-prompts, --max-new-tokens and --fan-out must be >= 1")
+  settings.check_choice("draft weights", args.draft_weights, settings.DRAFT_WEIGHTS)
   from ssd_jax.data import datasets
   from ssd_jax.theory import acceptance
 
@@ -86,7 +90,7 @@ def load_pair(args):
   """Returns (the target's pipeline, the draft's config and params (an EAGLE draft's with the target attached), the
   fan-out at every K = 1..8)."""
   from ssd_jax import api
-  from ssd_jax.models import checkpoints
+  from ssd_jax.models import checkpoints, draft_weights
 
   pipe = api.load(draft=None)
   dcfg, dparams, _ = checkpoints.load_model(args.draft)
@@ -103,7 +107,7 @@ def load_pair(args):
   if getattr(dcfg, "kind", None) == "eagle":
     from ssd_jax.models import eagle
     dparams = eagle.attach_target(dparams, pipe.target.params)
-  return pipe, dcfg, dparams, fan_outs
+  return pipe, dcfg, draft_weights.quantize_draft(dcfg, dparams, args.draft_weights), fan_outs
 
 
 def make_stats(tcfg, dcfg):

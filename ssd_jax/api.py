@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from . import defaults
-from .models import checkpoints, drafts, quant
+from .models import checkpoints, draft_weights, drafts, quant
 from .models.config import ModelConfig, check_same_vocabulary
 from .models.kv_cache import cache_dtype
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
@@ -57,11 +57,13 @@ class Pipeline:
 
   def __init__(self, target: LoadedModel, tokenizer: TextTokenizer, draft: LoadedModel | None = None,
                attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "auto",
-               kv_dtype: str = "auto", weights: str = "full"):
-    """kv_dtype: the target KV cache's dtype ('auto': the target params', kv_cache.KV_DTYPES); weights: the target's
-    weight format as loaded (load's `weights`, resolved), part of what its measured step costs are kept under."""
-    s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights)
+               kv_dtype: str = "auto", weights: str = "full", draft_weights: str = "full"):
+    """kv_dtype: the target KV cache's dtype ('auto': the target params', kv_cache.KV_DTYPES); weights and
+    draft_weights: the target's and the draft's weight formats as loaded (load's, resolved), part of what the
+    measured step costs are kept under."""
+    s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights, draft_weights=draft_weights)
     self.weights, self.kv_dtype, self.ssd_placement = s.weights, s.kv_dtype, s.ssd_placement
+    self.draft_weights = s.draft_weights
     if draft is not None:
       check_same_vocabulary(draft.cfg, target.cfg, draft.path)
     self.target, self.draft, self.tokenizer, self.attn_impl = target, draft, tokenizer, attn_impl
@@ -234,7 +236,7 @@ class Pipeline:
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
          target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto", dtype: str = "auto",
          weights: str = "auto", draft_head_vocab: int | None = None, draft_head_counts=None,
-         kv_dtype: str = "auto") -> Pipeline:
+         kv_dtype: str = "auto", draft_weights: str = "auto") -> Pipeline:
   """Returns a Pipeline for a target (name, ssd-jax checkpoint, GGUF file or HF safetensors directory) and a draft.
 
   draft='default' loads the shipped draft when it exists (and skips it otherwise); None loads no draft; a path: our
@@ -259,12 +261,14 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   weights: 'auto' (the default: 'gguf' for a GGUF target, the SmolLM2 one included, on one CPU device, else 'full'),
   'full' (as loaded), 'int8' (the target's layer matrices weight-only int8 per output channel:
   ssd_jax/models/quant.py) or 'gguf' (a GGUF target's Q8_0/Q4_1 matrices kept in the file's blocks, read straight from
-  the file: ssd_jax/models/blocks.py; the SmolLM2 target from its GGUF). The draft, small and latency-bound, keeps its
-  format. Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
+  the file: ssd_jax/models/blocks.py; the SmolLM2 target from its GGUF).
+  draft_weights: the draft's: 'auto' (the default: 'q8_0' on a CPU, else 'full'), 'full' (as loaded) or 'q8_0' (its
+  matrices and head in Q8_0 blocks quantized at load: ssd_jax/models/draft_weights.py; a different draft, so its
+  acceptance may change, never the output's law). Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
   devices, the draft and its tokenizer (`prepare`), and that the params fit in memory (`LoadPlan.check_memory`).
   """
   plan = prepare(target, draft, attn_impl, target_devices, draft_devices, ssd_placement, dtype, weights,
-                 draft_head_vocab, kv_dtype)  # every check that needs no weight, before any is read
+                 draft_head_vocab, kv_dtype, draft_weights)  # every check that needs no weight, before any is read
   plan.check_memory()
   return load_prepared(plan, draft_head_counts)
 
@@ -290,9 +294,9 @@ def load_prepared(plan: LoadPlan, draft_head_counts=None) -> Pipeline:
       dparams = attach_target(dparams, tparams)
     else:
       dcfg, dparams = drafts.load_draft(path, tcfg, tok, plan.draft_head_vocab, draft_head_counts, dtype, mesh)
-    d = LoadedModel(dcfg, dparams, path)
+    d = LoadedModel(dcfg, draft_weights.quantize_draft(dcfg, dparams, s.draft_weights), path)
   return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, s.attn_impl, placement, s.ssd_placement, s.kv_dtype,
-                  weights)
+                  weights, s.draft_weights)
 
 
 def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False,

@@ -107,14 +107,18 @@ class LoadPlan:
 
 def prepare(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
             target_devices: int = 1, draft_devices: int = 1, ssd_placement: str = "auto", dtype: str = "auto",
-            weights: str = "auto", draft_head_vocab: int | None = None, kv_dtype: str = "auto") -> LoadPlan:
+            weights: str = "auto", draft_head_vocab: int | None = None, kv_dtype: str = "auto",
+            draft_weights: str = "auto") -> LoadPlan:
   """Returns the LoadPlan of load() with these arguments (see load), or raises what load() would raise before it
   reads a weight: a bad setting, too few devices, a draft that is not there, of another vocabulary, or a head cut
   it cannot take."""
   from .sharding import make_placement
 
-  s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights, dtype, target_devices, draft_devices)
-  s = dataclasses.replace(s, weights=resolve_weights(weights, target, target_devices))
+  from .models.draft_weights import resolve as resolve_draft_weights
+
+  s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights, dtype, target_devices, draft_devices, draft_weights)
+  s = dataclasses.replace(s, weights=resolve_weights(weights, target, target_devices),
+                          draft_weights=resolve_draft_weights(draft_weights))
   placement = make_placement(target_devices, draft_devices)
   path = draft_dir(draft)
   if path is None and draft_head_vocab is not None:

@@ -17,6 +17,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # the params' (checkpoints.
 KV_DTYPES = ("auto", "float32", "bfloat16", "float16")  # the target KV cache's; 'auto': the params'
 WEIGHT_FORMATS = ("full", "int8")  # what quant.quantize_params makes
 WEIGHTS = ("auto",) + WEIGHT_FORMATS + ("gguf",)  # gguf: a GGUF target's own blocks (blocks.py)
+DRAFT_WEIGHTS = ("auto", "full", "q8_0")  # the draft's (models/draft_weights.py); 'auto': q8_0 on a CPU
 
 
 def check_choice(what: str, value, allowed: tuple) -> None:
@@ -57,12 +58,14 @@ class LoadSettings:
   dtype: str = "auto"
   target_devices: int = 1
   draft_devices: int = 1
+  draft_weights: str = "auto"
 
   def __post_init__(self):
     for what, value, allowed in (("attention implementation", self.attn_impl, ATTN_IMPLS),
                                  ("SSD placement", self.ssd_placement, SSD_PLACEMENTS),
                                  ("KV cache dtype", self.kv_dtype, KV_DTYPES), ("weights", self.weights, WEIGHTS),
-                                 ("dtype", self.dtype, DTYPES)):
+                                 ("dtype", self.dtype, DTYPES),
+                                 ("draft weights", self.draft_weights, DRAFT_WEIGHTS)):
       check_choice(what, value, allowed)
     check_devices(self.target_devices, self.draft_devices)
     if self.weights == "gguf" and self.target_devices != 1:

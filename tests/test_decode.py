@@ -83,6 +83,29 @@ def test_no_recompilation_across_decode_steps_and_calls(tiny):
   assert events == []
 
 
+def test_program_keys_follow_each_arrays_shape_and_placement_and_forget_dead_arrays():
+  """Programs keeps each argument array's key while the array lives (the params: the same arrays every call); a new
+  array of another shape or device is keyed afresh, one of the same finds the same program, and a dead array's entry
+  goes (a later array at its id is not mistaken for it)."""
+  from ssd_jax.decode.base import Programs
+  run, f = Programs(), jax.jit(lambda p, x: p["w"] * x)
+  p = {"w": jnp.ones((3,))}
+  assert np.asarray(run(f, p, jnp.ones((3,)))).tolist() == [1, 1, 1]
+  assert run(f, p, jnp.full((3,), 2.0)).tolist() == [2, 2, 2] and run.compiles == 1
+  assert run(f, {"w": jnp.ones((4,))}, jnp.ones((4,))).shape == (4,) and run.compiles == 2
+  run(f, p, np.ones(3, np.float32))  # a host array: keyed without a placement, then found again
+  run(f, p, np.zeros(3, np.float32))
+  assert run.compiles == 3
+  if len(jax.devices()) > 1:
+    run(f, jax.device_put(p, jax.devices()[1]), jax.device_put(jnp.ones((3,)), jax.devices()[1]))
+    assert run.compiles == 4
+  n = run.compiles
+  for _ in range(20):  # transient arrays of alternating shapes (ids reused): their entries die with them
+    assert run(f, {"w": jnp.ones((3,))}, jnp.ones((3,))).shape == (3,)
+    assert run(f, {"w": jnp.ones((4,))}, jnp.ones((4,))).shape == (4,)
+  assert run.compiles == n and len(run._leaves) <= 4
+
+
 def test_bad_options_are_clear_errors(tiny):
   cfg, params = tiny
   dec = ARDecoder(cfg, params)

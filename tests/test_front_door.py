@@ -46,6 +46,7 @@ CASES = [
     (["--dtype", "float8"], dict(dtype="float8"), "unknown dtype 'float8'"),
     (["--kv-dtype", "int4"], dict(kv_dtype="int4"), "unknown KV cache dtype 'int4'"),
     (["--quantize", "int4"], dict(weights="int4"), "unknown weights 'int4'"),
+    (["--draft-weights", "int4"], dict(draft_weights="int4"), "unknown draft weights 'int4'"),
     (["--ssd-placement", "cloud"], dict(ssd_placement="cloud"), "unknown SSD placement 'cloud'"),
     (["--target-devices", "0"], dict(target_devices=0), "need at least one target device"),
     (["--draft-devices", "2"], dict(draft_devices=2), "draft data parallelism is not implemented"),

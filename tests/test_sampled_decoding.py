@@ -145,6 +145,20 @@ def test_sampled_decoding_with_block_weights_follows_the_numpy_law(tiny_blocks, 
   assert_rows_follow_their_laws(res, [PROMPT], host, cfg, 1.0, 1.0)
 
 
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_sampled_decoding_with_a_q8_0_draft_follows_the_numpy_law(tiny_blocks, mode):
+  """The law test with the draft quantized by us to Q8_0 at load (draft_weights.py, the default on a CPU) beside the
+  block-weight target: another draft, the same target law."""
+  if REAL:
+    pytest.skip("its pair is the tiny one at either head")
+  from ssd_jax.models import draft_weights
+  cfg, tp, dcfg, dp, host = tiny_blocks
+  dq = draft_weights.quantize_draft(dcfg, dp, "q8_0")
+  assert draft_weights.is_quantized(dq)
+  res = _decode(mode, cfg, tp, dcfg, dq, 1.0, 1.0, 2100 + ["sd", "ssd"].index(mode), n_new=4)
+  assert_rows_follow_their_laws(res, [PROMPT], host, cfg, 1.0, 1.0)
+
+
 RAGGED = ([1, 2, 0], [3, 0, 2, 2, 1, 3, 0])
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import weakref
 from typing import Callable, Sequence
 
 import jax
@@ -68,6 +70,13 @@ def _mesh_of(leaves):
   return contextlib.nullcontext()
 
 
+def _forget(cache: dict, i: int, ref) -> None:
+  """Drops a dead array's entry from Programs' key cache (unless the id is already another array's)."""
+  hit = cache.get(i)
+  if hit is not None and hit[0] is ref:
+    del cache[i]
+
+
 class Programs:
   """Ahead-of-time compiled programs, keyed by the shapes and static arguments of each call.
 
@@ -78,6 +87,7 @@ class Programs:
   def __init__(self):
     self._compiled = {}
     self._shardings = {}  # (id(sharding), ndim) -> (sharding, canonical key)
+    self._leaves = {}  # id(array) -> (weak reference to it, its key): dropped when the array dies
     self.compile_seconds = 0.0
     self.compiles = 0
 
@@ -93,16 +103,29 @@ class Programs:
       self._shardings[k] = hit
     return hit[1]
 
+  def _leaf_key(self, x):
+    """Returns (shape, dtype, placement) of one argument. An array's is kept while the array lives, found by its
+    identity (checked through a weak reference): the params are the same arrays every call (the SmolLM2 target in
+    its blocks has 693 leaves; their keys cost ~0.35 ms a call on the 2-core Xeon, a lookup ~0.1)."""
+    hit = self._leaves.get(id(x))
+    if hit is not None and hit[0]() is x:
+      return hit[1]
+    if not isinstance(x, jax.Array):
+      return (np.shape(x), str(jnp.result_type(x)), None)
+    k = (x.shape, x.dtype, self._sharding_key(x))
+    try:
+      self._leaves[id(x)] = (weakref.ref(x, functools.partial(_forget, self._leaves, id(x))), k)
+    except TypeError:  # an array type without weak references: not cached
+      pass
+    return k
+
   def compile_only(self, fn, *args, **static):
     """Returns the compiled program for these argument shapes, compiling it on first use."""
-    leaves = jax.tree.leaves(args)
+    leaves, treedef = jax.tree.flatten(args)
     # Placement is part of the key: the same function compiled for the target's and the draft's device differs.
     # This runs every decode step over all parameter leaves, so it must be cheap: shardings are canonicalised once
-    # per sharding object (kept alive here, so their ids stay valid).
-    key = (fn, jax.tree.structure(args),
-           tuple((x.shape, x.dtype, self._sharding_key(x)) if isinstance(x, jax.Array)
-                 else (np.shape(x), str(jnp.result_type(x)), None) for x in leaves),
-           tuple(sorted(static.items())))
+    # per sharding object (kept alive here, so their ids stay valid), and each array's key once while it lives.
+    key = (fn, treedef, tuple(map(self._leaf_key, leaves)), tuple(sorted(static.items())))
     exe = self._compiled.get(key)
     if exe is None:
       import time

@@ -53,7 +53,7 @@ class TargetSide:
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                                          jnp.float32(opts.top_p)))
     self.tokens, self.lengths = rep(tokens), rep(lengths)
-    self.verify_root = stream_key(opts.seed, VERIFY_STREAM)
+    self.verify_root = rep(stream_key(opts.seed, VERIFY_STREAM))  # placed: each round's fold stays there
     z = rep(jnp.zeros((b,), jnp.int32))
     run, p = self.programs, dec.tparams
     # Everything the loop needs compiles before the clock starts.

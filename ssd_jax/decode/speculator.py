@@ -161,7 +161,7 @@ class ChainDraft:
     # K+1 lookahead slots: a round writes up to K+1 entries past the committed text.
     slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=self.k + 2)
     self.model.start(tokens, lengths, slots, job.opts, self.k)
-    self.root = stream_key(job.opts.seed, DRAFT_STREAM)
+    self.root = self.model.put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
     return self.model.run.compile_seconds
 
   def prefill(self, features=None) -> None:
@@ -226,7 +226,7 @@ class TreeDraft:
     tokens, lengths = pad_prompts(job.prompts)
     slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=tree_lookahead(k, self.f))
     self.model.start(tokens, lengths, slots, job.opts, k, (self.f, self.f_miss), self.spec.saguaro_c, saguaro_top)
-    self.root = stream_key(job.opts.seed, DRAFT_STREAM)
+    self.root = put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
     n, v, v_out = sum(self.f), cfg.vocab_size, cfg.out_vocab
     z = np.zeros(b, np.int32)
     zk, zq = put(jnp.zeros((b, k), jnp.int32)), put(jnp.zeros((b, k, v)))

@@ -71,6 +71,22 @@ def from_gguf(raw: np.ndarray, kind: str, transposed: bool) -> BlockWeight:
   return BlockWeight(np.ascontiguousarray(b[..., 4:]).reshape(r, -1), d, m, kind, transposed)
 
 
+def quantize_q8_0(rows, transposed: bool) -> BlockWeight:
+  """Returns Q8_0 blocks of a float matrix given as its rows [R, C] (C a multiple of 32), quantized by us (GGUF's
+  Q8_0 rule with the scale rounded first): d = fp16(max |w| / 127) per block of 32, q = clip(round(w / d), -127, 127)
+  (q = 0 where d = 0). Not exact: each weight moves by at most d / 2; dequantize gives the values it computes with.
+  `transposed` as in BlockWeight (rows [out, in] of a layer matrix [in, out])."""
+  w = np.asarray(rows, np.float32)
+  r, c = w.shape
+  if c % QK:
+    raise ValueError(f"Q8_0 needs rows of a multiple of {QK} weights, got {c}")
+  b = w.reshape(r, c // QK, QK)
+  d = (np.abs(b).max(axis=-1) / 127.0).astype(np.float16)
+  d32 = d.astype(np.float32)[..., None]
+  q = np.where(d32 > 0, np.rint(b / np.where(d32 > 0, d32, 1.0)), 0.0)
+  return BlockWeight(np.clip(q, -127, 127).astype(np.int8).reshape(r, c), d, None, "Q8_0", transposed)
+
+
 def to_gguf(w: BlockWeight) -> np.ndarray:
   """Returns the raw GGUF bytes [R, C/32 * block bytes] of a BlockWeight (inverse of from_gguf; for test writers)."""
   r, _ = w.rows_shape

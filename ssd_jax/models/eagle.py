@@ -219,8 +219,12 @@ def layer_outputs(params: dict, h_prev: jax.Array, attn_out: jax.Array, cfg: Eag
 
 
 def head_logits(params: dict, x: jax.Array, platform: str | None = None) -> jax.Array:
-  """Returns logits [..., V_out] (float32) over the draft's head rows."""
-  from .model import _rows, _use_rows_kernel
+  """Returns logits [..., V_out] (float32) over the draft's head rows (an array [V_out, d], or its Q8_0 blocks:
+  draft_weights.py)."""
+  from . import blocks
+  from .model import _rows, _use_block_kernel, _use_rows_kernel
+  if blocks.is_block(params["head"]):
+    return blocks.dot_rows(x, params["head"], _use_block_kernel(x, platform)).astype(jnp.float32)
   if _use_rows_kernel(x, params["head"], platform):
     return _rows(x, params["head"], transposed=True)
   return jnp.einsum("...d,vd->...v", x, params["head"]).astype(jnp.float32)
