@@ -30,6 +30,7 @@ from ..models import blocks
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _HEADERS = ("simd.h",)
+CACHE = 512  # KV slots of the timed attention and forward
 BLOCK_SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # [R, C]
 
 
@@ -109,6 +110,11 @@ def swapped(module, attr: str, replacement, clear: Callable[[], None] = lambda: 
     clear()
 
 
+def _check_fits(counts: list[int], prefix: int, cache: int) -> None:
+  if prefix < 0 or prefix + max(counts) > cache:
+    _fail(f"--prefix {prefix} + T {max(counts)} must fit the cache of {cache}")
+
+
 def random_blocks(rng, kind: str, rows: int, cols: int) -> blocks.BlockWeight:
   nb = cols // blocks.QK
   d = jnp.asarray((rng.standard_normal((rows, nb)) * 0.01).astype(np.float16))
@@ -137,12 +143,11 @@ def blocks_runs(targets: dict, counts: list[int], layers: int = 30, head: bool =
   return runs
 
 
-def attention_runs(targets: dict, counts: list[int], layers: int = 30, prefix: int = 300, cache: int = 512,
+def attention_runs(targets: dict, counts: list[int], layers: int = 30, prefix: int = 300, cache: int = CACHE,
                    **_) -> dict:
   """Returns {(name, T): run} over `layers` attention calls (9 query heads, 3 KV heads, head dim 64, batch 1) of T
   new tokens after `prefix` cached ones; exits if the builds disagree beyond 2e-5."""
-  if prefix + max(counts) > cache:
-    _fail(f"--prefix {prefix} + T {max(counts)} must fit the cache of {cache}")
+  _check_fits(counts, prefix, cache)
   rng = np.random.default_rng(0)
   h, g, d = 9, 3, 64
   kv = [(jnp.asarray(rng.standard_normal((1, cache, g, d), dtype=np.float32)),
@@ -208,10 +213,11 @@ def forward_runs(kernel: Kernel, targets: dict, counts: list[int], prefix: int) 
   """Returns {(name, T): run}: the gguf target's T-token forward after `prefix` cached tokens through each build."""
   from .. import api
   from .step_cost import compiled_step
+  _check_fits(counts, prefix, CACHE)
   pipe = api.load("smollm2-135m-instruct", draft=None, weights="gguf")
   runs = {}
   for name, tg in targets.items():
     with kernel.swap(tg):
       for t in counts:
-        runs[name, t] = compiled_step(pipe.target.cfg, pipe.target.params, t, prefix)
+        runs[name, t] = compiled_step(pipe.target.cfg, pipe.target.params, t, prefix, CACHE)
   return runs
