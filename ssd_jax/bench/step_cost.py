@@ -1,8 +1,8 @@
 """Timing one compiled forward step of a model: the cost figures of the bench and of the draft's evaluation.
 
 A step is `model.forward_causal` over `tokens` new tokens a row for `batch` rows after a `prefix`-token KV cache
-(or after each of several prefixes, one compiled program), compiled ahead of the clock. Several models are timed in interleaved order (a, b, a, b, ...), so drift on a shared machine
-hits them alike; the figure is the median.
+(or after each of several prefixes, one compiled program), compiled ahead of the clock. Several models are timed in
+interleaved order (a, b, a, b, ...), so drift on a shared machine hits them alike; the figure is the median.
 """
 from __future__ import annotations
 
@@ -37,20 +37,26 @@ def compiled_steps(cfg: ModelConfig, params, tokens: int, prefixes, cache_len: i
 
   def runner(prefix):  # a cache of its own: each call donates the one before
     cache = KVCache.init(cfg, batch, cache_len, kv_dtype)
-    state = {"cache": cache.replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
-
-    def run() -> float:
-      t0 = time.perf_counter()
-      # The cache keeps its length: every call times the same step (the output cache is only written, not grown).
-      logits, state["cache"] = exe(params, toks, state["cache"])
-      logits.block_until_ready()
-      return time.perf_counter() - t0
-
-    for _ in range(3):
-      run()
-    return run
+    return _warm_runner(lambda c: exe(params, toks, c), cache.replace(lengths=jnp.full((batch,), prefix, jnp.int32)))
 
   return {prefix: runner(prefix) for prefix in prefixes}
+
+
+def _warm_runner(call, cache):
+  """Returns run() -> seconds of `call(cache) -> (logits, cache)`, each call given the cache the one before returned
+  (an executable that donates its cache spends the old one), after three warm-up calls. The cache keeps its length:
+  every call times the same step (the output cache is only written, not grown)."""
+  state = {"cache": cache}
+
+  def run() -> float:
+    t0 = time.perf_counter()
+    logits, state["cache"] = call(state["cache"])
+    logits.block_until_ready()
+    return time.perf_counter() - t0
+
+  for _ in range(3):
+    run()
+  return run
 
 
 def interleaved_ms(steps: dict, repeats: int = 15) -> dict:
@@ -92,17 +98,12 @@ def compiled_eagle_steps(cfg, params, prefixes, cache_len: int = 512, batch: int
   tok, h = jnp.ones((batch, 1), jnp.int32), jnp.ones((batch, 1, cfg.d_model), jnp.float32)
   exe = step.lower(params, KVCache.init(cfg, batch, cache_len), tok, h).compile()
 
+  def call(cache):
+    logits, _, cache = exe(params, cache, tok, h)
+    return logits, cache
+
   def runner(prefix):
-    state = {"cache": KVCache.init(cfg, batch, cache_len).replace(lengths=jnp.full((batch,), prefix, jnp.int32))}
-
-    def run() -> float:
-      t0 = time.perf_counter()
-      logits, _, state["cache"] = exe(params, state["cache"], tok, h)
-      logits.block_until_ready()
-      return time.perf_counter() - t0
-
-    for _ in range(3):
-      run()
-    return run
+    cache = KVCache.init(cfg, batch, cache_len)
+    return _warm_runner(call, cache.replace(lengths=jnp.full((batch,), prefix, jnp.int32)))
 
   return {prefix: runner(prefix) for prefix in prefixes}
