@@ -86,6 +86,15 @@ def concentrate(params, live=LIVE, big: float = 1e4):
               final_norm=jnp.asarray(params["final_norm"]).at[-1].set(1.0))
 
 
+def outside_head_rare(params, weight: float = 8.0):
+  """Returns `concentrate`d params whose logit of LIVE[1] (the live id outside the test heads) is lowered by `weight`
+  times the constant channel's normed value. A draft puts no mass on that id, so after a rejection the residual
+  max(0, p - q) emits it with about the target's mass there over the mass rejected, a bonus no speculation cache can
+  hold: with the target's mass on it cut from about 45% to 5% (weight 8, the real EAGLE pair) the residual still
+  emits it, and the cache serves most rounds."""
+  return dict(params, lm_head=jnp.asarray(params["lm_head"]).at[-1, LIVE[1]].add(-weight))
+
+
 def concentrate_eagle(params):
   """An EAGLE draft's params whose law lies on LIVE (its head is a `concentrate`d target's): fc copies the last
   feature layer's constant channel, the layer never writes it. Identity under the tiny head."""

@@ -14,7 +14,7 @@ from ssd_jax.decode.draft import EagleDraftModel
 from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import (LAW_ROWS, LIVE, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, cells, concentrate, concentrate_eagle,
-                         generate, live, padded, real_head_ids)
+                         generate, live, outside_head_rare, padded, real_head_ids)
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]  # ragged rows
 
@@ -117,12 +117,14 @@ def _v4_pair():
   """Returns (cfg, target params, EAGLE cfg, EAGLE params) for the laws at T > 0: test_sd's untied V=4 target (a
   tied one peaks) with an EAGLE draft whose head is draft_heads.V4_HEAD (shuffled, token 1 left out), the target's
   lm_head rows at init scale 0.3: a law flat enough for Saguaro's q' to differ from q. Under SSD_JAX_TEST_HEAD=real
-  the same at a real draft's sizes (draft_heads: 49152 ids, a 16384-row head, the mass on LIVE)."""
+  the same at a real draft's sizes (draft_heads: 49152 ids, a 16384-row head, the mass on LIVE), with the target's
+  mass on LIVE[1], the id outside the head, cut to about 5% (draft_heads.outside_head_rare; 45% uncut, where a
+  rejection's bonus was mostly that id and the cache served 0-2.8% of rows in three tokens)."""
   cfg = tiny_config(vocab_size=REAL_VOCAB if REAL else 4, d_model=16, head_dim=4, ffn_dim=24, n_layers=3,
                     tie_embeddings=False)
   tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
   if REAL:
-    tp = concentrate(tp, REAL_LIVE)
+    tp = outside_head_rare(concentrate(tp, REAL_LIVE))
     dcfg, dp = _eagle(cfg, tp, real_head_ids(), seed=5, scale=0.5)
     return cfg, tp, dcfg, concentrate_eagle(dp)
   dcfg, dp = _eagle(cfg, tp, np.asarray(V4_HEAD), seed=5, scale=0.5)
@@ -176,10 +178,9 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
     finally:
       dec.close()
     hits = np.mean([r.stats.extra["cache_hit_rate"] > 0 for r in res])
-    # Rows served from the speculation cache and rows that missed every time. The real-sized pair hits rarely or
-    # never in three tokens (2.8% of rows at T = 1, none at one of the top-p settings): there this test covers the
-    # neural backup, and the tiny pair and the Saguaro test below the tokens served from the cache.
-    assert (0.0 if REAL else 0.1) <= hits < 0.9, hits
+    # Rows served from the speculation cache and rows that missed every time. The real-sized pair hits in 39-82% of
+    # rows (2.8% or none before draft_heads.outside_head_rare: a bonus outside the head is never cached).
+    assert (0.3 if REAL else 0.1) <= hits < 0.9, hits
   law = ref.joint_law(host, cfg, prompt, 3, temperature, top_p, support=LIVE)
   assert _chi2_pvalue(cells([r.token_ids for r in res]).ravel(), padded(law).ravel()) > 1e-4
 
@@ -195,7 +196,7 @@ def test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(v4)
   prompt = live([1, 2, 0])
   res = generate(SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, saguaro_c=0.1, placement="devices")),
                  [prompt] * LAW_ROWS, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1))
-  assert (0.0 if REAL else 0.2) < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9  # real: rare hits
+  assert (0.3 if REAL else 0.2) < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9  # real: 0.42
   law = ref.joint_law(host, cfg, prompt, 6, 1.0, 1.0, support=LIVE).sum(axis=(0, 1, 2))
   assert _chi2_pvalue(cells([r.token_ids for r in res], 3, start=3).ravel(), padded(law).ravel()) > 1e-4
 

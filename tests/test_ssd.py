@@ -80,6 +80,20 @@ def test_lookup_hits_and_misses():
     assert not bool(hit[0])
 
 
+def test_lookup_serves_each_row_its_own_branch():
+  """Rows of one batch hit different branches (and one misses): each row's tokens and q come from its own branch,
+  never from another row's or from the branch another row hit."""
+  rng = np.random.default_rng(0)
+  cand = jnp.asarray([[3, 4, 5, 6], [1, 2, 4, 0], [7, 3, 1, 2]])
+  branch_j = jnp.asarray([0, 0, 1, 1])
+  tt = jnp.asarray(rng.integers(0, 8, (3, 4, 2)), jnp.int32)
+  tq = jnp.asarray(rng.random((3, 4, 2, 5)), jnp.float32)
+  hit, toks, q = lookup(cand, branch_j, tt, tq, jnp.asarray([1, 0, 1]), jnp.asarray([6, 2, 3]))
+  assert np.asarray(hit).tolist() == [True, True, False]
+  for row, branch in [(0, 3), (1, 1)]:
+    assert np.array_equal(toks[row], tt[row, branch]) and np.array_equal(q[row], tq[row, branch])
+
+
 @pytest.mark.parametrize("k,f", [(1, 1), (4, 3), (8, 2)])
 @pytest.mark.parametrize("draft_kind", ["self", "perturbed", "unrelated"])
 def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
