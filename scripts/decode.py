@@ -23,7 +23,7 @@ from ssd_jax.decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, S
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
 # Options only some modes read (argparse dests): a run of another mode warns that they do nothing.
 SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c", "ssd_placement")
-DRAFT_ONLY = ("k", "draft_head_vocab")  # sd and ssd
+DRAFT_ONLY = ("k", "draft_head_vocab", "draft_weights")  # sd and ssd
 
 
 def make_parser() -> argparse.ArgumentParser:

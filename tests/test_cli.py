@@ -137,6 +137,7 @@ def test_options_the_mode_does_not_read_are_listed():
   assert decode.ignored_options(decode.parse_args(["--draft", "d"]), "ar") == ["--draft"]
   assert decode.ignored_options(decode.parse_args(["--draft", "d"]), "sd") == []
   assert decode.ignored_options(decode.parse_args(["--draft", "none"]), "ar") == []  # asks for what ar does
+  assert decode.ignored_options(decode.parse_args(["--draft-weights", "q8_0"]), "ar") == ["--draft-weights"]
 
 
 def test_ar_still_refuses_a_draft_that_is_not_there(tmp_path):
