@@ -19,8 +19,7 @@ import numpy as np
 
 from .. import settings
 from . import blocks
-
-LAYER_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+from .quant import LAYER_MATRICES
 
 
 def resolve(draft_weights: str) -> str:
