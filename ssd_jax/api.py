@@ -59,8 +59,8 @@ class Pipeline:
                attn_impl: str = "auto", placement: Placement | None = None, ssd_placement: str = "auto",
                kv_dtype: str = "auto", weights: str = "full", draft_weights: str = "full"):
     """kv_dtype: the target KV cache's dtype ('auto': the target params', kv_cache.KV_DTYPES); weights and
-    draft_weights: the target's and the draft's weight formats as loaded (load's, resolved), part of what the
-    measured step costs are kept under."""
+    draft_weights: the target's and the draft's weight formats as loaded (load's, resolved). The measured step costs
+    are kept under the params' own format (step_costs_path), whichever setting made it."""
     s = LoadSettings(attn_impl, ssd_placement, kv_dtype, weights, draft_weights=draft_weights)
     self.weights, self.kv_dtype, self.ssd_placement = s.weights, s.kv_dtype, s.ssd_placement
     self.draft_weights = s.draft_weights
@@ -264,7 +264,8 @@ def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", a
   the file: ssd_jax/models/blocks.py; the SmolLM2 target from its GGUF).
   draft_weights: the draft's: 'auto' (the default: 'q8_0' on a CPU, else 'full'), 'full' (as loaded) or 'q8_0' (its
   matrices and head in Q8_0 blocks quantized at load: ssd_jax/models/draft_weights.py; a different draft, so its
-  acceptance may change, never the output's law). Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
+  acceptance may change, never the output's law).
+  Before it reads a weight, load() checks what scripts/decode.py checks, with the same line: the settings, the
   devices, the draft and its tokenizer (`prepare`), and that the params fit in memory (`LoadPlan.check_memory`).
   """
   plan = prepare(target, draft, attn_impl, target_devices, draft_devices, ssd_placement, dtype, weights,
