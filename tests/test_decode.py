@@ -106,6 +106,25 @@ def test_program_keys_follow_each_arrays_shape_and_placement_and_forget_dead_arr
   assert run.compiles == n and len(run._leaves) <= 4
 
 
+def test_stable_arguments_are_keyed_once_and_a_changed_one_is_looked_up_in_full(monkeypatch):
+  """Programs(stable=n): after a program ran, the first n arguments are not keyed again (the per-step saving); a
+  stable argument whose shape or device changed after all is refused by that program and looked up in full, with
+  the right result and its own compile."""
+  from ssd_jax.decode.base import Programs
+  run, f = Programs(), jax.jit(lambda p, x: p["w"].sum() * x)
+  p, x = {"w": jnp.ones((3,))}, jnp.ones((2,))
+  assert run(f, p, x, stable=1).tolist() == [3, 3] and run.compiles == 1
+  keyed = []
+  leaf_key = run._leaf_key
+  monkeypatch.setattr(run, "_leaf_key", lambda a: keyed.append(a) or leaf_key(a))
+  assert run(f, p, jnp.full((2,), 2.0), stable=1).tolist() == [6, 6] and keyed == [] and run.compiles == 1
+  assert run(f, {"w": jnp.ones((5,))}, x, stable=1).tolist() == [5, 5] and run.compiles == 2
+  assert len(keyed) == 2  # the changed call was keyed in full: the params' leaf and x
+  if len(jax.devices()) > 1:
+    q = jax.device_put({"w": jnp.ones((5,))}, jax.devices()[1])
+    assert run(f, q, jax.device_put(x, jax.devices()[1]), stable=1).tolist() == [5, 5] and run.compiles == 3
+
+
 def test_bad_options_are_clear_errors(tiny):
   cfg, params = tiny
   dec = ARDecoder(cfg, params)

@@ -54,6 +54,7 @@ class TargetSide:
                                                          jnp.float32(opts.top_p)))
     self.tokens, self.lengths = rep(tokens), rep(lengths)
     self.verify_root = rep(stream_key(opts.seed, VERIFY_STREAM))  # placed: each round's fold stays there
+    self._active = None  # stage's placed active rows, with the book's done flags they were placed for
     z = rep(jnp.zeros((b,), jnp.int32))
     run, p = self.programs, dec.tparams
     # Everything the loop needs compiles before the clock starts.
@@ -69,11 +70,20 @@ class TargetSide:
     into the target cache."""
     run, p, cfg = self.programs, self.dec.tparams, self.dec.tcfg
     logits, self.cache, *feats = run(prefill, p, self.tokens, self.lengths, self.cache, **self.st)
-    return self.fetch(run(first_tokens, p, logits, self.key, self.temp, self.top_p, cfg=cfg)), (feats or [None])[0]
+    self.first = run(first_tokens, p, logits, self.key, self.temp, self.top_p, cfg=cfg)
+    return self.fetch(self.first), (feats or [None])[0]
 
-  def stage(self, book: SpecBook, rnd: int):
-    """Returns round rnd's small verify inputs (previous bonus, active rows, key), known once the book is committed."""
-    return self.rep(book.state()[0][:, 1]), self.rep(~book.done), self.rep(fold(self.verify_root, rnd))
+  def stage(self, book: SpecBook, rnd: int, last):
+    """Returns round rnd's small verify inputs (previous bonus, active rows, key), known once the book is committed.
+
+    `last` is the target's array of the tokens the previous round drew (its bonus; the first tokens before round 1):
+    every row still active ends its committed text with it (a row whose text was cut at a stop or at max_new_tokens
+    is done, and a done row's verify changes nothing), so it serves as x_L without a round trip through the host.
+    The active rows are placed again only when a row has finished.
+    """
+    if self._active is None or not np.array_equal(self._active[0], book.done):
+      self._active = (book.done.copy(), self.rep(~book.done))
+    return self.rep(last), self._active[1], fold(self.verify_root, rnd)
 
   def to_target(self, spec):
     """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices."""
@@ -85,8 +95,9 @@ class TargetSide:
   def verify(self, tokens, q, bonus_prev, active, key):
     """Dispatches the verify of `tokens`; returns (accept_len [B], bonus [B], the verified positions' target
     features [B, K+1, n_feat * d] or None) as target arrays."""
+    # The params and the cache keep their shapes and places all run (stable=2): their ~760 leaves are not keyed.
     acc, bonus, self.cache, *feats = self.programs(verify, self.dec.tparams, self.cache, bonus_prev, tokens, q,
-                                                   active, key, self.temp, self.top_p, **self.st)
+                                                   active, key, self.temp, self.top_p, stable=2, **self.st)
     return acc, bonus, (feats or [None])[0]
 
 
@@ -127,7 +138,7 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
   bytes_in = bytes_out = rnd = 0
   link.send("first", first)
   t_verified = time.perf_counter()
-  nxt = target.stage(book, 1)
+  nxt = target.stage(book, 1, target.first)
   spec = link.receive()
   while spec is not None:
     rnd += 1
@@ -139,7 +150,7 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
     t["idle"] += t_dispatch - t_verified
     acc, bonus, feats = target.verify(tokens, q, *nxt)
     link.draft_ahead()  # after the verify's dispatch: the target starts first
-    acc, bonus = target.fetch(acc), target.fetch(bonus)
+    last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
     feats = for_draft(feats)
     t_verified = time.perf_counter()
     t["verify"] += t_verified - t_dispatch
@@ -149,7 +160,7 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
     bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
     t_sent = time.perf_counter()
     book.commit(acc, bonus, np.asarray(spec.tokens), t_verified, stream)
-    nxt = target.stage(book, rnd + 1)
+    nxt = target.stage(book, rnd + 1, last)
     t["commit"] += time.perf_counter() - t_sent
     spec = link.receive()
     t["wait"] += time.perf_counter() - t_verified
