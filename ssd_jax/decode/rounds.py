@@ -78,7 +78,8 @@ class TargetSide:
 
     `last` is the target's array of the tokens the previous round drew (its bonus; the first tokens before round 1):
     every row still active ends its committed text with it (a row whose text was cut at a stop or at max_new_tokens
-    is done, and a done row's verify changes nothing), so it serves as x_L without a round trip through the host.
+    is done, and a done row's verify is ignored: its length stays, its outcome is not committed), so it serves as
+    x_L without a round trip through the host.
     The active rows are placed again only when a row has finished.
     """
     if self._active is None or not np.array_equal(self._active[0], book.done):
