@@ -111,3 +111,26 @@ def test_check_params_reports_shape_mismatch():
   params["layers"][0]["wq"] = params["layers"][0]["wq"][:, :-1]
   with pytest.raises(ValueError, match="wq"):
     model.check_params(params, cfg)
+
+
+def test_rope_is_computed_once_a_forward_with_the_same_bits():
+  """A CPU program computes RoPE's cos and sin once (not fused into every layer's q and k rotation, where XLA
+  evaluated them per element), and the rotations equal the per-call apply_rope bit for bit."""
+  import re
+  from ssd_jax.kernels.platform import kernel_platform
+  if kernel_platform(None) != "cpu":
+    pytest.skip("the hoisting applies to programs for a CPU")
+  cfg = tiny_config(n_layers=3)
+  params = _params(cfg)
+  tokens = jnp.asarray([[3, 5, 7, 9]])
+  fwd = jax.jit(model.forward_causal, static_argnames=("cfg",))
+  hlo = fwd.lower(params, tokens, KVCache.init(cfg, 1, 16), cfg=cfg).compile().as_text()
+  assert len(re.findall(r" cosine\(", hlo)) <= 2, "cos is computed per layer (or per rotation), not once"
+  pos = jnp.asarray([[0, 1, 300, 4097]])
+  x = jax.random.normal(jax.random.key(3), (1, 4, 2, cfg.head_dim))
+  inv = model.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+  want = jax.jit(lambda x, p: model.apply_rope(x, p, inv))(x, pos)
+  got = jax.jit(lambda x, p: model.rotate(x, model.rope_cos_sin(p, inv, "cpu")))(x, pos)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  open_form = jax.jit(lambda x, p: model.rotate(x, model.rope_cos_sin(p, inv, "tpu")))(x, pos)
+  np.testing.assert_array_equal(np.asarray(open_form), np.asarray(want))

@@ -254,3 +254,24 @@ def test_greedy_outcome_equals_the_rejection_rule_at_temperature_0():
   np.testing.assert_array_equal(np.asarray(got[0]), stop)
   for w, g in zip(want, got):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_argmax_is_jnp_argmax_on_ties_infinities_and_nans():
+  """sampling.argmax (two vectorised passes) returns jnp.argmax's index in every case: the first maximum, the first
+  NaN where there is one, over ties, infinities, signed zeros and all -inf rows."""
+  rng = np.random.default_rng(1)
+  f = jax.jit(sampling.argmax)
+  for case in range(48):
+    x = rng.standard_normal((3, int(rng.integers(1, 300)))).astype(np.float32)
+    if case % 4 == 1:
+      x = np.round(x)  # many ties
+    elif case % 4 == 2:
+      x[rng.random(x.shape) < 0.05] = np.nan
+    elif case % 4 == 3:
+      x[:] = -np.inf
+      x[rng.random(x.shape) < 0.1] = rng.choice([np.inf, np.nan, -0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), np.asarray(jnp.argmax(jnp.asarray(x), -1)))
+  big = np.zeros((1, 2, 49152), np.float32)
+  big[0, 0, [7, 40000]] = 1.0  # a tie far apart: the first
+  big[0, 1, [9, 30000]] = [np.nan, np.nan]
+  assert np.asarray(f(jnp.asarray(big))).tolist() == [[7, 9]]

@@ -9,6 +9,20 @@ import jax
 import jax.numpy as jnp
 
 
+def argmax(logits: jax.Array) -> jax.Array:
+  """Returns jnp.argmax(logits, -1) as int32, the same index in every case (the first maximum; the first NaN where
+  there is one), in two vectorised passes: a max, then the least index holding it. XLA:CPU compiles jnp.argmax over
+  the 49,152 logits of a row to one scalar (value, index) reduction, ~145 us a row, 2% of a GGUF AR step; this is
+  ~25 us."""
+  lg = logits.astype(jnp.float32)
+  v = lg.shape[-1]
+  mx = jnp.max(lg, -1, keepdims=True)
+  io = jax.lax.broadcasted_iota(jnp.int32, lg.shape, lg.ndim - 1)
+  # A NaN ranks before every maximum (jnp.argmax returns the first NaN), whether or not max propagated it.
+  idx = jnp.min(jnp.where(jnp.isnan(lg), io, jnp.where(lg == mx, io + v, 2 * v)), -1)
+  return jnp.where(idx >= v, idx - v, idx).astype(jnp.int32)
+
+
 def processed_probs(logits: jax.Array, temperature, top_p) -> jax.Array:
   """Returns the sampling distribution [..., V] (float32) after temperature and nucleus (top-p) processing.
 
@@ -82,7 +96,7 @@ def greedy_or(sampled, logits: jax.Array, temperature):
   at temperature 0 (a one-hot law, which Saguaro leaves unchanged, draws its argmax), without the softmax and the
   Gumbel draw over the vocabulary (one lax.cond: both branches compiled, one run)."""
   def greedy(lg):
-    tok = jnp.argmax(lg.astype(jnp.float32), -1).astype(jnp.int32)
+    tok = argmax(lg)
     return tok, jax.nn.one_hot(tok, lg.shape[-1], dtype=jnp.float32)
   return jax.lax.cond(temperature > 0, sampled, greedy, logits)
 
@@ -91,7 +105,7 @@ def greedy_outcome(logits: jax.Array, draft_tokens: jax.Array):
   """Returns (accept_len [B], bonus [B]) of rejection_sample at temperature 0, from the logits [B, K+1, V] directly:
   draft i is accepted while it is the target's argmax there, and the bonus is the argmax where the run stops (with
   one-hot p and q, rejection_sample draws exactly these)."""
-  top = jnp.argmax(logits.astype(jnp.float32), -1).astype(jnp.int32)  # [B, K+1]
+  top = argmax(logits)  # [B, K+1]
   match = (draft_tokens == top[:, :-1]).astype(jnp.int32)
   accept_len = jnp.sum(jnp.cumprod(match, axis=1), axis=1).astype(jnp.int32)
   return accept_len, jnp.take_along_axis(top, accept_len[:, None], 1)[:, 0]

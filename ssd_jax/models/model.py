@@ -139,15 +139,40 @@ def rope_angles(positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
   return positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
 
 
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray, platform: str | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Returns RoPE's (cos, sin) [B, T, 1, D/2] at integer `positions` [B, T], to compute once a forward and share with
+  every layer's q and k (`rotate`).
+
+  In a program for a CPU they come out of a conditional whose two branches are the same computation: its results are
+  buffers, which XLA cannot fuse into their readers. Computed in the open, XLA:CPU fused a copy of cos and sin into
+  each of the 2 * n_layers rotations and called libm's sincosf once per element of q and k (~1.5% of a GGUF AR step on
+  one core). A conditional on an accelerator waits for its predicate on the host, so other programs compute in the
+  open. The values are the same either way: the same operations on the same angles."""
+  ang = rope_angles(positions, inv_freq)
+
+  def cos_sin(a):
+    return jnp.cos(a), jnp.sin(a)
+
+  if kernel_platform(platform) == "cpu":
+    cos, sin = jax.lax.cond(jnp.all(positions >= 0), cos_sin, cos_sin, ang)
+  else:
+    cos, sin = cos_sin(ang)
+  return cos[:, :, None, :], sin[:, :, None, :]
+
+
+def rotate(x: jax.Array, cos_sin: tuple[jax.Array, jax.Array]) -> jax.Array:
+  """Returns x [B, T, N, D] rotated by RoPE's (cos, sin) from rope_cos_sin (Hugging Face rotate-half layout)."""
+  cos, sin = cos_sin
+  d = x.shape[-1]
+  x1, x2 = x[..., : d // 2].astype(jnp.float32), x[..., d // 2:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
   """Returns x [B, T, N, D] rotated by RoPE at integer `positions` [B, T] (Hugging Face rotate-half layout), with
   inverse frequencies `inv_freq` [D/2] (rope_inv_freq)."""
-  d = x.shape[-1]
-  ang = rope_angles(positions, inv_freq)
-  cos = jnp.cos(ang)[:, :, None, :]
-  sin = jnp.sin(ang)[:, :, None, :]
-  x1, x2 = x[..., : d // 2].astype(jnp.float32), x[..., d // 2:].astype(jnp.float32)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+  return rotate(x, rope_cos_sin(positions, inv_freq))
 
 
 def init_params(key: jax.Array, cfg: ModelConfig, dtype=jnp.float32, scale: float = 0.02) -> dict:
@@ -176,9 +201,10 @@ def check_params(params: dict, cfg: ModelConfig) -> None:
     raise ValueError(f"params shapes differ from config {cfg.name!r}: " + "; ".join(bad))
 
 
-def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg: ModelConfig, attn_impl: str,
+def _layer(x, lp, k_cache, v_cache, rope, write_slots, mask: MaskInfo, cfg: ModelConfig, attn_impl: str,
            platform: str | None):
-  """One transformer block. Writes the new K/V into this layer's cache [B, S, G, D]; returns (x, k_cache, v_cache)."""
+  """One transformer block (rope: the forward's rope_cos_sin). Writes the new K/V into this layer's cache
+  [B, S, G, D]; returns (x, k_cache, v_cache)."""
   b, t, _ = x.shape
   H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps, platform)
@@ -188,8 +214,7 @@ def _layer(x, lp, k_cache, v_cache, positions, write_slots, mask: MaskInfo, cfg:
   q, k = q.reshape(b, t, H, D), k.reshape(b, t, G, D)
   if cfg.qk_norm:  # Qwen3: each head's q and k normalised over head_dim, before RoPE
     q, k = rms_norm(q, lp["q_norm"], cfg.rms_eps, platform), rms_norm(k, lp["k_norm"], cfg.rms_eps, platform)
-  inv_freq = rope_inv_freq(D, cfg.rope_theta, cfg.rope_scaling)
-  q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+  q, k = rotate(q, rope), rotate(k, rope)
   rows = jnp.arange(b)[:, None]
   # Out-of-range slots (padding) are dropped rather than clamped onto real entries.
   k_cache = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
@@ -213,8 +238,9 @@ def hidden_states(params, tokens, positions, cache: KVCache, write_slots, mask: 
     raise ValueError(f"feature_layers {feature_layers} must lie in [0, {cfg.n_layers})")
   x = embed_lookup(params["embed"], embed_rows(params, tokens, cfg))
   ks, vs, taken = [], [], {}
+  rope = rope_cos_sin(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), platform)
   for i, (lp, kc, vc) in enumerate(zip(params["layers"], cache.k, cache.v)):
-    x, kc, vc = _layer(x, lp, kc, vc, positions, write_slots, mask, cfg, attn_impl, platform)
+    x, kc, vc = _layer(x, lp, kc, vc, rope, write_slots, mask, cfg, attn_impl, platform)
     ks.append(kc)
     vs.append(vc)
     if i in feature_layers:
