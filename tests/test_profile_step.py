@@ -1,0 +1,28 @@
+"""scripts/profile_step.py: the AR step's per-thunk profile, summed by part, on the tiny target (a subprocess: XLA's
+trace flag must be set before JAX starts)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_profile_step_attributes_the_step_to_its_parts():
+  pytest.importorskip("jaxlib._profile_data")
+  from ssd_jax.kernels import rows_matmul
+  if not rows_matmul.available():
+    pytest.skip("no C++ compiler for the CPU kernels")
+  res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "profile_step.py"), "--tiny", "--steps", "6",
+                        "--start", "3", "--cache", "64"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+  assert res.returncode == 0, res.stderr[-2000:]
+  row = re.compile(r"^\| ([^|]+?) \|\s*(\d+)\s*\|\s*(\d*)\s*\|\s*([\d.]+)%", re.M)
+  rows = {m.group(1): m.groups()[1:] for m in row.finditer(res.stdout)}
+  for part in ("matrix qkv (matmul)", "matrix gate/up (matmul)", "matrix down (matmul)", "matrix o (matmul)",
+               "head (matmul)", "attention", "RMSNorm"):
+    assert part in rows, (part, res.stdout)
+  # Two layers: q, k, v and gate, up per layer; the parts cover the program's time.
+  assert rows["matrix qkv (matmul)"][1] == "6" and rows["matrix gate/up (matmul)"][1] == "4", res.stdout
+  assert 50.0 < float(rows["thunks, summed"][2]) <= 100.0, res.stdout
