@@ -120,3 +120,21 @@ def test_a_round_places_nothing_from_the_host(pair, monkeypatch):
   res = dec.generate(PROMPTS, DecodeOptions(max_new_tokens=12, ignore_eos=True))
   assert res[0].stats.extra["rounds"] > 3
   assert host_puts == []
+
+
+def test_round_cost_script_reports_every_mode(tmp_path):
+  """scripts/round_cost.py on the tiny pair: each mode's loop figures and compiled calls, SD's text checked against
+  AR's."""
+  import json
+
+  from script_modules import load_script
+  out = tmp_path / "rounds.json"
+  load_script("round_cost.py", "round_cost_script").main(
+      ["--tiny", "--ks", "1,2", "--repeats", "1", "--max-new-tokens", "8", "--json-out", str(out)])
+  rep = json.loads(out.read_text())
+  assert sorted(rep) == ["ar", "sd1", "sd2"]
+  for mode, r in rep.items():
+    assert r["cpu_us_token"] > 0 and r["main_us_round"] > 0 and r["compiled_cpu_us"]["verify"] > 0
+    assert ("chain" in r["compiled_cpu_us"]) == (mode != "ar")
+    assert (r["tokens_per_round"] == 1.0) == (mode == "ar")
+  assert rep["ar"]["x_ar_cpu"] == 1.0
