@@ -2,10 +2,11 @@
 
 The speculators (speculator.py) decide what to draft and with which keys; these objects run the model: `prefill` the
 prompts, `observe` the target features a verify returns (drafts that read them), `propose` K tokens in one chain
-(SD's proposal, SSD's neural backup) and `tree` (SSD's glue + fork + tree over every likely verify outcome). Two
-kinds: `DraftModel`, a standalone small Llama that reads tokens, and `EagleDraftModel`, an EAGLE draft that reads
-the target's features (ssd_jax/models/eagle.py). `make_draft_model` picks the kind from the config. Both run the same
-chain and tree (steps.draft_propose, draft_tree), which take the kind's forward from the config (steps.DraftKind).
+(SSD's neural backup), `chain` the same from a committed tail kept on the device (SD's proposal) and `tree` (SSD's
+glue + fork + tree over every likely verify outcome). Two kinds: `DraftModel`, a standalone small Llama that reads
+tokens, and `EagleDraftModel`, an EAGLE draft that reads the target's features (ssd_jax/models/eagle.py).
+`make_draft_model` picks the kind from the config. Both run the same chain and tree (steps.draft_propose,
+chain_after, draft_tree), which take the kind's forward from the config (steps.DraftKind).
 """
 from __future__ import annotations
 
