@@ -10,8 +10,8 @@ turn, so drift on a shared machine hits them alike), after a --prefix-token cach
   step          one draft forward of one token a row, its head and the argmax (compiled, waited for)
   linear        the forward SD's proposal starts with: 2 tokens a row, logits of the last
   exe_K         steps.draft_propose's compiled program at K (its arguments already on the device), waited for
-  propose_K     DraftModel.propose as SD calls it (puts the window, lengths and key, looks the program up,
-                dispatches) with the tokens fetched: the draft's share of a round
+  propose_K     DraftModel.chain as SD calls it (its tail and the outcome already on the device, the program
+                keyed once a run; the round's key folded apart) with the tokens fetched: the draft's share of a round
   host_K        propose_K - exe_K: host-side work and dispatch of a proposal
 The standalone draft and an EAGLE draft (--eagle: the target's head rows attached, as load() gives it) are both
 measured when given; each format is made from the same loaded weights by draft_weights.quantize_draft.
@@ -96,7 +96,7 @@ def step_calls(cfg, params, b: int, prefix: int, cache_len: int) -> dict:
 
 
 def propose_calls(cfg, params, b: int, ks, prefix: int, cache_len: int) -> dict:
-  """draft_propose at each K: its compiled program alone (exe_K), and DraftModel.propose with the fetch (propose_K)."""
+  """draft_propose at each K: its compiled program alone (exe_K), and DraftModel.chain with the fetch (propose_K)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -112,7 +112,7 @@ def propose_calls(cfg, params, b: int, ks, prefix: int, cache_len: int) -> dict:
   calls = {}
   for k in ks:
     m = make_draft_model(cfg, params, "auto", put, Programs(), np.asarray)
-    m.start(tokens, lengths, cache_len, DecodeOptions(max_new_tokens=16), k)
+    m.start(tokens, lengths, cache_len, DecodeOptions(max_new_tokens=16), k, chain=True)
     f = getattr(cfg, "feature_dim", None)
     m.prefill(None if f is None else put(jnp.zeros((b, prefix, f), jnp.float32)))
     window, key = np.ones((b, m.window), np.int32), jax.random.key(1)
@@ -123,8 +123,11 @@ def propose_calls(cfg, params, b: int, ks, prefix: int, cache_len: int) -> dict:
       tok, _, m.cache = exe(args[0], m.cache, *args[2:])
       tok.block_until_ready()
 
-    def via_model(m=m, window=window, key=key):
-      tok, _ = m.propose(window, lengths, key)
+    m.chain(args[5], tail=(window, lengths))  # the tail on the device; an outcome of no verified row keeps it
+    outcome = put((np.zeros((b, k), np.int32), np.zeros(b, np.int32), np.zeros(b, np.int32), np.zeros(b, bool)))
+
+    def via_model(m=m, key=args[5], outcome=outcome):
+      tok, _ = m.chain(key, outcome)
       np.asarray(m.fetch(tok))
     calls[f"exe_{k}"], calls[f"propose_{k}"] = _timer(direct), _timer(via_model)
   return calls

@@ -121,6 +121,12 @@ MUTATIONS = [
              ("tests/test_decode.py::test_greedy_matches_full_forward_argmax",),
              "each verify feeds the first token as x_L instead of the bonus the previous round drew (kept on the "
              "target)"),
+    Mutation("sd_chain_tail_misses_the_bonus", "ssd_jax/decode/steps.py",
+             "text = jnp.concatenate([window, drafts, bonus[:, None]], axis=1)",
+             "text = jnp.concatenate([window, drafts, window[:, -1:]], axis=1)",
+             ("tests/test_sd_chain.py",),
+             "SD's chain advances its tail on the device with the previous x_L where the bonus goes: the output stays "
+             "exact (the verify checks every draft), only the drafts go wrong"),
     Mutation("verify_takes_the_drafts_stream", "ssd_jax/decode/rounds.py",
              "stream_key(opts.seed, VERIFY_STREAM)", "stream_key(opts.seed, 0x5EED)",
              (KEYS,), "the verifier draws from the draft's stream: SD's verify and draft share a round's key"),

@@ -2,10 +2,11 @@
 
 The speculators (speculator.py) decide what to draft and with which keys; these objects run the model: `prefill` the
 prompts, `observe` the target features a verify returns (drafts that read them), `propose` K tokens in one chain
-(SD's proposal, SSD's neural backup) and `tree` (SSD's glue + fork + tree over every likely verify outcome). Two
-kinds: `DraftModel`, a standalone small Llama that reads tokens, and `EagleDraftModel`, an EAGLE draft that reads
-the target's features (ssd_jax/models/eagle.py). `make_draft_model` picks the kind from the config. Both run the same
-chain and tree (steps.draft_propose, draft_tree), which take the kind's forward from the config (steps.DraftKind).
+(SSD's neural backup), `chain` the same from a committed tail kept on the device (SD's proposal) and `tree` (SSD's
+glue + fork + tree over every likely verify outcome). Two kinds: `DraftModel`, a standalone small Llama that reads
+tokens, and `EagleDraftModel`, an EAGLE draft that reads the target's features (ssd_jax/models/eagle.py).
+`make_draft_model` picks the kind from the config. Both run the same chain and tree (steps.draft_propose,
+chain_after, draft_tree), which take the kind's forward from the config (steps.DraftKind).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..models.kv_cache import KVCache
 from .base import Programs
 from .eagle_steps import eagle_observe, eagle_prefill, init_hist
 from .options import DecodeOptions
-from .steps import draft_propose, draft_tree, prefill
+from .steps import chain_after, draft_propose, draft_tree, prefill
 
 
 # The draft's KV cache is float32 whatever its weights' dtype; the plan (ssd_jax/plan) sizes it from this constant,
@@ -67,31 +68,39 @@ class DraftModel:
     self.hist = None  # the context its chain and tree read besides the cache (steps.DraftKind): none
 
   def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
-            saguaro_top: int = 0) -> None:
+            saguaro_top: int = 0, chain: bool = False) -> None:
     """Sets up a run: an empty cache of `slots`, the sampling settings, and every program the run needs compiled.
 
     tokens [B, T_pad], lengths [B]: the padded prompts; fan_outs: the tree shapes SSD will draft (none for SD);
-    saguaro_top: Saguaro sampling's rescaled set size (0 = plain sampling).
+    saguaro_top: Saguaro sampling's rescaled set size (0 = plain sampling); chain: SD's chain (`chain`) is compiled
+    instead of the plain proposal (`propose`: SSD's neural backup).
     """
     put, b = self.put, tokens.shape[0]
     self._settings(opts, k, saguaro_c, saguaro_top)
     self.cache = put(KVCache.init(self.cfg, b, slots, CACHE_DTYPE))
     self.tokens, self.lengths = put(jnp.asarray(tokens)), put(jnp.asarray(lengths))
     self.run.compile_only(prefill, self.params, self.tokens, self.lengths, self.cache, **self.st)
-    self._compile_drafting(b, fan_outs)
+    self._compile_drafting(b, fan_outs, chain)
 
   def _settings(self, opts: DecodeOptions, k: int, saguaro_c: float, saguaro_top: int) -> None:
     put = self.put
     self._sampling = (put(jnp.float32(opts.temperature)), put(jnp.float32(opts.top_p)), put(jnp.float32(saguaro_c)))
     self.saguaro_top, self.k = saguaro_top, k
 
-  def _compile_drafting(self, b: int, fan_outs) -> None:
-    """Compiles the chain and every tree shape (steps.draft_propose, draft_tree: one code for every kind)."""
+  def _compile_drafting(self, b: int, fan_outs, chain: bool = False) -> None:
+    """Compiles the chain (steps.chain_after for SD, else draft_propose) and every tree shape (draft_tree): one code
+    for every kind."""
     put = self.put
     z, zw, zk = (put(jnp.zeros(s, jnp.int32)) for s in ((b,), (b, self.window), (b, self.k)))
     key = put(jax.random.key(0))
-    self.run.compile_only(draft_propose, self.params, self.cache, self.hist, zw, z, key, *self._sampling, **self.st,
-                          k=self.k, saguaro_top=self.saguaro_top)
+    self.tail = None
+    if chain:
+      self._no_outcome = (zk, z, z, put(jnp.zeros((b,), bool)))  # drafts, accept_len, bonus, active: none verified
+      self.run.compile_only(chain_after, self.params, self.cache, self.hist, zw, z, *self._no_outcome, key,
+                            *self._sampling, **self.st, k=self.k, saguaro_top=self.saguaro_top)
+    else:
+      self.run.compile_only(draft_propose, self.params, self.cache, self.hist, zw, z, key, *self._sampling,
+                            **self.st, k=self.k, saguaro_top=self.saguaro_top)
     for f in dict.fromkeys(fan_outs):
       self.run.compile_only(draft_tree, self.params, self.cache, self.hist, zw, zk, z, key, *self._sampling,
                             **self.st, k=self.k, fan_out=f, saguaro_top=self.saguaro_top)
@@ -111,6 +120,18 @@ class DraftModel:
     tok, q, self.cache = self.run(draft_propose, self.params, self.cache, self.hist, self.put(window),
                                   self.put(lengths), self.put(key), *self._sampling, **self.st, k=self.k,
                                   saguaro_top=self.saguaro_top)
+    return tok, q
+
+  def chain(self, key, outcome=None, tail=None):
+    """Returns (tokens [B, K], q [B, K, V]) as `propose` does, for SD: its committed tail (the last tokens and L)
+    stays on the device between calls, advanced there by the verify's outcome (drafts [B, K], accept_len, bonus,
+    active [B]: arrays on any device), so nothing goes through the host; `tail` (window, lengths as host arrays)
+    sets it afresh (the first proposal), as if no row had been verified."""
+    if tail is not None:
+      self.tail, outcome = tuple(self.put(tail)), self._no_outcome
+    tok, q, self.cache, *self.tail = self.run(chain_after, self.params, self.cache, self.hist, *self.tail,
+                                              *self.put(tuple(outcome)), key, *self._sampling, stable=2, **self.st,
+                                              k=self.k, saguaro_top=self.saguaro_top)
     return tok, q
 
   def tree(self, window, spec, lengths, key, fan_out: tuple) -> SpecTree:
@@ -133,7 +154,7 @@ class EagleDraftModel(DraftModel):
     self.feature_layers = cfg.feature_layers
 
   def start(self, tokens, lengths, slots: int, opts: DecodeOptions, k: int, fan_outs=(), saguaro_c: float = 1.0,
-            saguaro_top: int = 0) -> None:
+            saguaro_top: int = 0, chain: bool = False) -> None:
     put, b = self.put, tokens.shape[0]
     self._settings(opts, k, saguaro_c, saguaro_top)
     self.window = k + 1
@@ -145,7 +166,7 @@ class EagleDraftModel(DraftModel):
                           self.hist, **self.st)
     self.run.compile_only(eagle_observe, self.params, self.hist, put(jnp.zeros((b, k + 1, f))),
                           put(jnp.zeros((b,), jnp.int32)), platform=self.platform)
-    self._compile_drafting(b, fan_outs)
+    self._compile_drafting(b, fan_outs, chain)
 
   def prefill(self, features=None) -> None:
     """Writes the prompts and their target features [B, T_pad, n_feat * d] (the target's prefill) into the caches."""

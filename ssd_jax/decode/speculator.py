@@ -40,6 +40,8 @@ class Outcome:
   verify_seconds: float = 0.0  # dispatch of the verify to its result (the automatic backup choice weighs it)
   features: Any = None    # [B, K+1, n_feat * d]: the target's features of the verified positions, for a draft that
   #                         reads them (EAGLE); positions L-1..L-1+K of the text before this outcome
+  on_target: Any = None   # (accept_len, bonus, active [B]) as the verify's own arrays, for a draft side in this
+  #                         process (SD's chain reads them on the device); None from a draft process
 
 
 @dataclasses.dataclass
@@ -160,7 +162,7 @@ class ChainDraft:
     tokens, lengths = pad_prompts(job.prompts)
     # K+1 lookahead slots: a round writes up to K+1 entries past the committed text.
     slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=self.k + 2)
-    self.model.start(tokens, lengths, slots, job.opts, self.k)
+    self.model.start(tokens, lengths, slots, job.opts, self.k, chain=True)
     self.root = self.model.put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
     return self.model.run.compile_seconds
 
@@ -169,19 +171,29 @@ class ChainDraft:
 
   def first(self, first) -> Speculation | None:
     self.book, self.rnd = SpecBook(self.prompts, first, self.opts, self.k, time.perf_counter()), 0
-    return self._propose()
-
-  def outcome(self, o: Outcome) -> Speculation | None:
-    observe(self.model, self.book, o)
-    self.book.commit(o.accept_len, o.bonus, self.model.fetch(self.served), time.perf_counter())
-    return self._propose()
-
-  def _propose(self) -> Speculation | None:
     if self.book.done.all():
       return None
+    return self._propose(tail=self.book.state(self.model.window))
+
+  def outcome(self, o: Outcome) -> Speculation | None:
+    """Commits the outcome and returns the next speculation. With the verify's own arrays (o.on_target) the next
+    chain is dispatched first, from them on the device, and the host's commit runs while it drafts; a row that the
+    commit finds done gets a speculation that is never verified, and once all are, the last chain is dropped."""
+    served, live = self.served, ~self.book.done
+    if o.on_target is None:
+      observe(self.model, self.book, o)
+      self.book.commit(o.accept_len, o.bonus, self.model.fetch(served), time.perf_counter())
+      # The same chain, its outcome placed from the host (the tail as committed: only a done row's differs).
+      return None if self.book.done.all() else self._propose((served, o.accept_len, o.bonus, live))
+    if o.features is not None:
+      self.model.observe(o.features, self.model.tail[1] - 1)
+    spec = self._propose((served,) + tuple(o.on_target))
+    self.book.commit(o.accept_len, o.bonus, self.model.fetch(served), time.perf_counter())
+    return None if self.book.done.all() else spec
+
+  def _propose(self, outcome=None, tail=None) -> Speculation:
     self.rnd += 1
-    window, lens = self.book.state(self.model.window)
-    tok, q = self.model.propose(window, lens, fold(self.root, self.rnd))
+    tok, q = self.model.chain(fold(self.root, self.rnd), outcome, tail)
     self.served = tok
     return Speculation(tok, q)
 

@@ -235,6 +235,32 @@ def draft_propose(params, cache: KVCache, hist, window, lengths, key, temperatur
   return toks, qs, cache
 
 
+def advance_tail(window, lengths, drafts, accept_len, bonus, active):
+  """Returns (window, lengths) after a verify's outcome: the last W committed tokens [B, W] and L [B] of each active
+  row once s_1..s_k and the bonus are appended (a row not verified keeps its own). A row the commit cuts at a stop
+  or at max_new_tokens is done, so what this gives it (uncut) is never verified."""
+  w, k = window.shape[1], drafts.shape[1]
+  text = jnp.concatenate([window, drafts, bonus[:, None]], axis=1)  # the text is window, s_1..s_k, bonus
+  at = accept_len[:, None] + 1 + jnp.arange(w)[None, :]  # the new tail's places in it; the last one is the bonus
+  at = jnp.where(at == w + accept_len[:, None], w + k, at)
+  tail = jnp.take_along_axis(text, at, 1)
+  return jnp.where(active[:, None], tail, window), lengths + jnp.where(active, 1 + accept_len, 0).astype(lengths.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "k", "attn_impl", "platform", "saguaro_top"),
+                   donate_argnames=("cache",))
+def chain_after(params, cache: KVCache, hist, window, lengths, drafts, accept_len, bonus, active, key, temperature,
+                top_p, saguaro_c, cfg, k: int, attn_impl: str = "auto", platform: str | None = None,
+                saguaro_top: int = 0):
+  """Returns (draft tokens [B, K], q [B, K, V], cache, window, lengths): SD's chain after a verify's outcome, read
+  on the device (advance_tail of the committed tail the previous call returned; `active` all False: that tail as
+  it is), then draft_propose. No host round trip between the verify and the next proposal."""
+  window, lengths = advance_tail(window, lengths, drafts, accept_len, bonus, active)
+  toks, qs, cache = draft_propose(params, cache, hist, window, lengths, key, temperature, top_p, saguaro_c, cfg=cfg,
+                                  k=k, attn_impl=attn_impl, platform=platform, saguaro_top=saguaro_top)
+  return toks, qs, cache, window, lengths
+
+
 def tree_lookahead(k: int, fan_out: tuple) -> int:
   """Returns the draft cache slots one round needs past the committed text: glue K+2 plus K depths of branches."""
   return k + 2 + k * sum(fan_out)

@@ -15,7 +15,7 @@ from ..decode.backup import point_mass, random_speculation
 from ..models.config import ModelConfig
 from ..decode.base import PROMPT_BUCKET
 from ..decode.draft import CACHE_DTYPE as DRAFT_CACHE_DTYPE
-from ..decode.steps import (draft_propose, draft_tree, first_tokens, lookup, merge_rows, prefill, serve_q,
+from ..decode.steps import (chain_after, draft_propose, draft_tree, first_tokens, lookup, merge_rows, prefill, serve_q,
                             verify)
 from ..kernels.platform import device_platform
 from ..models.kv_cache import KVCache, round_slots
@@ -120,8 +120,9 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
   if sd_k != k:
     progs.append(Program(f"target.verify (SD, K={sd_k})", "target", verify,
                          (tparams, tcache, zi, toks((b, sd_k), rep), flts((b, sd_k, v), rep), zb, zkey, f, f), tst, 1))
-  progs.append(Program(f"sd.draft_propose (K={sd_k}, on the target mesh)", "target", draft_propose,
-                       (sd_dparams, sd_dcache, None, toks((b, 2), rep), zi, zkey, f, f, f),
+  progs.append(Program(f"sd.chain_after (K={sd_k}, on the target mesh)", "target", chain_after,
+                       (sd_dparams, sd_dcache, None, toks((b, 2), rep), zi, toks((b, sd_k), rep), zi, zi, zb, zkey,
+                        f, f, f),
                        dict(cfg=dcfg, attn_impl=attn_impl, platform=tst["platform"], k=sd_k, saguaro_top=0), 1,
                        model="draft"))
   dmesh = Mesh(np.asarray([layout.draft]), (TP,))

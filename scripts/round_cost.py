@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""What a round of AR and SD costs in this process, and how much of it is host work.
+
+  PYTHONPATH=. taskset -c 0 python scripts/round_cost.py --ks 1,2 --max-new-tokens 64
+
+Decodes the prompts greedily with AR and SD at each K in turn (interleaved repeats, after a warm-up run that also
+checks SD's text equals AR's), timing the round loop (rounds._rounds) three ways:
+  tok_s          tokens a second (wall clock: only meaningful on a quiet machine)
+  cpu_us_token   the process's CPU time per token (all threads: the compiled programs and the host work); on one
+                 core this is the cost that matters, and it holds up on a busy machine better than the wall clock
+  main_us_round  the main thread's CPU time per round: dispatch, keying, fetches, the books (host work)
+  x_ar_cpu       AR's cpu_us_token over this mode's: SD's speedup in CPU time
+Then each mode's compiled programs alone, their arguments on the device, waited for (CPU us a call): `verify` (the
+target's verify of K drafts, AR's step at K=0) and `chain` (SD's draft, steps.chain_after).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ssd_jax.cli_util import fail, run_main
+
+PROMPTS = ("Write a Python function that returns the n-th Fibonacci number.",
+           "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+           "clips did Natalia sell altogether in April and May?")
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--ks", default="1,2", help="comma-separated K of SD (AR always runs)")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--tiny", action="store_true", help="the tiny random pair (smoke runs, tests)")
+  p.add_argument("--json-out")
+  return p.parse_args(argv)
+
+
+def _timed_rounds(box: dict):
+  """Returns a stand-in for rounds._rounds that records its process, main-thread and wall seconds in `box`."""
+  from ssd_jax.decode import rounds
+  inner = rounds._rounds
+
+  def timed(*args):
+    c, m, w = time.process_time(), time.thread_time(), time.perf_counter()
+    out = inner(*args)
+    box.update(cpu=time.process_time() - c, main=time.thread_time() - m, wall=time.perf_counter() - w)
+    return out
+  return inner, timed
+
+
+def loop_costs(decoders: dict, prompts, opts, repeats: int) -> dict:
+  """Returns per mode the loop's figures (module docstring), from `repeats` interleaved passes over the prompts."""
+  from ssd_jax.decode import rounds
+  box, acc, text = {}, {m: dict(cpu=0.0, main=0.0, wall=0.0, rounds=0, tokens=0) for m in decoders}, {}
+  inner, rounds._rounds = _timed_rounds(box)
+  try:
+    for rep in range(repeats + 1):  # pass 0 warms up and checks the text
+      for mode, dec in decoders.items():
+        for p in prompts:
+          r = rounds.generate(dec, dec.draft, [p], opts)
+          if rep == 0:
+            text.setdefault(mode, []).append(r.book.out[0])
+            continue
+          a = acc[mode]
+          for key in ("cpu", "main", "wall"):
+            a[key] += box[key]
+          a["rounds"] += r.timing["rounds"]
+          a["tokens"] += len(r.book.out[0]) - 1  # the first token comes from the prefill
+  finally:
+    rounds._rounds = inner
+  if any(t != text["ar"] for t in text.values()):
+    raise ValueError("greedy SD's text differs from AR's")
+  out = {m: dict(tok_s=round(a["tokens"] / a["wall"], 2), cpu_us_token=round(a["cpu"] / a["tokens"] * 1e6),
+                 main_us_round=round(a["main"] / a["rounds"] * 1e6),
+                 tokens_per_round=round(a["tokens"] / a["rounds"], 3)) for m, a in acc.items()}
+  for m in out:
+    out[m]["x_ar_cpu"] = round(out["ar"]["cpu_us_token"] / out[m]["cpu_us_token"], 3)
+  return out
+
+
+def _cpu_us(fn, reps: int = 20) -> float:
+  """Returns the median process CPU time of fn() in us (after two warm-up calls)."""
+  import numpy as np
+  fn(), fn()
+  t = []
+  for _ in range(reps):
+    c = time.process_time()
+    fn()
+    t.append(time.process_time() - c)
+  return round(float(np.median(t)) * 1e6)
+
+
+def compiled_costs(dec, prompt, opts) -> dict:
+  """Returns CPU us of the mode's compiled verify (all rows inactive: the same work, the cache length kept) and, for
+  SD, its chain, each waited for."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from ssd_jax.decode import rounds
+  from ssd_jax.decode.base import pad_prompts
+  from ssd_jax.decode.speculator import DraftJob
+  from ssd_jax.decode.steps import chain_after, verify
+
+  tokens, lengths = pad_prompts([prompt])
+  t = rounds.TargetSide(dec, tokens, lengths, opts)
+  t.prefill()
+  k, rep = dec.k, t.rep
+  z, off = rep(jnp.zeros((1,), jnp.int32)), rep(jnp.zeros((1,), bool))
+  args = [dec.tparams, t.cache, z, rep(jnp.zeros((1, k), jnp.int32)), rep(jnp.zeros((1, k, dec.tcfg.vocab_size))),
+          off, t.key, t.temp, t.top_p]
+  exe = dec.programs.compile_only(verify, *args, **t.st)
+
+  def run_verify():
+    acc, bonus, args[1], *_ = exe(*args)
+    bonus.block_until_ready()
+  out = {"verify": _cpu_us(run_verify)}
+  if k:
+    side = dec.draft.side
+    side.prepare(DraftJob([list(prompt)], opts))
+    side.prefill()
+    m = side.model
+    m.chain(t.key, tail=(np.ones((1, m.window), np.int32), lengths))  # any tail: the program's cost is the same
+    dargs = [m.params, m.cache, m.hist, *m.tail, rep(jnp.zeros((1, k), jnp.int32)), z, z, off, t.key, *m._sampling]
+    dexe = m.run.compile_only(chain_after, *dargs, **m.st, k=k, saguaro_top=m.saguaro_top)
+
+    def run_chain():
+      tok, _, dargs[1], *_ = dexe(*dargs)
+      tok.block_until_ready()
+    out["chain"] = _cpu_us(run_chain)
+  return out
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  ks = [int(x) for x in args.ks.split(",")]
+  if args.repeats < 1 or args.max_new_tokens < 2 or min(ks) < 1:
+    fail("--repeats must be >= 1, --max-new-tokens >= 2 and every K >= 1")
+  import ssd_jax
+  from ssd_jax import api
+  from ssd_jax.decode.options import DecodeOptions
+
+  pipe = api.load_tiny() if args.tiny else ssd_jax.load()
+  prompts = [pipe.encode_prompt(p) for p in PROMPTS]
+  opts = DecodeOptions(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+  decoders = {"ar": pipe.decoder("ar"), **{f"sd{k}": pipe.decoder("sd", pipe.spec_options(k=k)) for k in ks}}
+  report = loop_costs(decoders, prompts, opts, args.repeats)
+  for mode, dec in decoders.items():
+    report[mode]["compiled_cpu_us"] = compiled_costs(dec, prompts[0], opts)
+  for mode, r in report.items():
+    print(f"{mode:5s} {json.dumps(r)}")
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  run_main(main)
