@@ -40,6 +40,8 @@ class Outcome:
   verify_seconds: float = 0.0  # dispatch of the verify to its result (the automatic backup choice weighs it)
   features: Any = None    # [B, K+1, n_feat * d]: the target's features of the verified positions, for a draft that
   #                         reads them (EAGLE); positions L-1..L-1+K of the text before this outcome
+  made: Any = None        # [B, n-1]: the tokens before the bonus when the target made them itself (AR's chunk of n
+  #                         steps, rounds.TargetSide); None: they are the speculation served
 
 
 @dataclasses.dataclass
@@ -136,7 +138,8 @@ class NoDraft:
     return None if self.book.done.all() else self.empty
 
   def outcome(self, o: Outcome) -> Speculation | None:
-    self.book.commit(o.accept_len, o.bonus, np.zeros((len(self.prompts), 0), np.int32), time.perf_counter())
+    made = np.zeros((len(self.prompts), 0), np.int32) if o.made is None else o.made  # a chunk's steps (ar_chunk)
+    self.book.commit(o.accept_len, o.bonus, made, time.perf_counter())
     return None if self.book.done.all() else self.empty
 
   def draft_ahead(self) -> None:
