@@ -91,9 +91,9 @@ class TargetSide:
     """
     if self._active is None or not np.array_equal(self._active[0], book.done):
       self._active = (book.done.copy(), self.rep(~book.done))
-    if self.chunk > 1:
-      return self.rep(last), self._active[1], fold_steps(self.verify_root, (rnd - 1) * self.chunk + 1, self.chunk)
-    return self.rep(last), self._active[1], fold(self.verify_root, rnd)
+    key = (fold_steps(self.verify_root, (rnd - 1) * self.chunk + 1, self.chunk) if self.chunk > 1
+           else fold(self.verify_root, rnd))
+    return self.rep(last), self._active[1], key
 
   def to_target(self, spec):
     """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices."""
