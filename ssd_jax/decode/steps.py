@@ -127,9 +127,10 @@ def ar_chunk(params, cache: KVCache, bonus_prev, active, keys, temperature, top_
   the tokens of the steps before it; cache): n AR steps in one program, paying the host's work per call once.
 
   Step i is `verify` of no drafts with keys[i] (`fold_steps`: the key the unfused loop gives that round), its input
-  the token step i-1 drew (bonus_prev for step 0), so the n tokens are those of n unfused rounds. Every active row takes all n steps: a row its book ends mid-chunk (a stop id, max_new_tokens)
-  writes past its text into its own cache, which a done row never reads again. Static: n, cfg, feature_layers (none
-  here: no draft reads them) and shapes.
+  the token step i-1 drew (bonus_prev for step 0), so the n tokens are those of n unfused rounds. Every active row
+  takes all n steps: a row its book ends mid-chunk (a stop id, max_new_tokens) writes past its text into its own
+  cache, which a done row never reads again. Static: n, cfg, feature_layers (features a verify would return are
+  dropped: AR has no draft to read them) and shapes.
   """
   b = bonus_prev.shape[0]
   none, q0 = jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, cfg.vocab_size), jnp.float32)
