@@ -2,11 +2,10 @@
 
 AR, SD and SSD differ only in the draft side plugged in (speculator.py), which the loop talks to in the same
 messages: `NoDraft` (AR) serves empty speculations, and a verify of no drafts is one AR step (its bonus is the
-target's next token; the target runs DecodeOptions.ar_chunk of them a call, committed as one outcome);
-`ChainDraft` (SD) drafts K tokens once the outcome is known; `TreeDraft` (SSD) also drafts ahead for the likely
-outcomes while the target verifies, in this process or in its own (draft_process.py). The target's side
-(`TargetSide`: cache, sampling settings, compiled programs) is set up once here, and the verifier draws its keys from
-its own stream (VERIFY_STREAM) in every mode, as each draft side draws from its own.
+target's next token); `ChainDraft` (SD) drafts K tokens once the outcome is known; `TreeDraft` (SSD) also drafts ahead
+for the likely outcomes while the target verifies, in this process or in its own (draft_process.py). The target's
+side (`TargetSide`: cache, sampling settings, compiled programs) is set up once here, and the verifier draws its keys
+from its own stream (VERIFY_STREAM) in every mode, as each draft side draws from its own.
 """
 from __future__ import annotations
 
