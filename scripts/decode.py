@@ -64,6 +64,9 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--batch-size", type=int, default=8)
   p.add_argument("--ignore-eos", action="store_true", help="produce exactly --max-new-tokens tokens")
+  p.add_argument("--ar-chunk", type=int, default=DecodeOptions.ar_chunk,
+                 help="ar: target steps a call (the host's work per call paid once per chunk; the same tokens; "
+                      "--stream prints chunks)")
   p.add_argument("--raw", action="store_true",
                  help="feed the prompt as is, without the chat template (only the tokenizer's own BOS, if any)")
   p.add_argument("--thinking", choices=["on", "off"], default=None,
@@ -108,7 +111,7 @@ def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
   settings.LoadSettings(args.attention, args.ssd_placement, args.kv_dtype, args.quantize, args.dtype,
                         args.target_devices, args.draft_devices, args.draft_weights)
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                       seed=args.seed, ignore_eos=args.ignore_eos)
+                       seed=args.seed, ignore_eos=args.ignore_eos, ar_chunk=args.ar_chunk)
   spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
                      fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
   if args.json_out:
@@ -133,6 +136,7 @@ def ignored_options(args, mode: str) -> list[str]:
   unread = {"ar": DRAFT_ONLY + SSD_ONLY, "sd": SSD_ONLY}.get(mode, ())
   parser = make_parser()
   unread += ("draft",) if mode == "ar" and args.draft != "none" else ()
+  unread += ("ar_chunk",) if mode != "ar" and args.k != "auto" else ()  # k='auto' may run a batch as AR
   return ["--" + d.replace("_", "-") for d in unread if getattr(args, d) != parser.get_default(d)]
 
 
@@ -192,6 +196,7 @@ def main(argv=None):
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
                        top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size, ignore_eos=opts.ignore_eos,
+                       ar_chunk=opts.ar_chunk,
                        chat=not args.raw, stream=stream, spec=spec, **switches)
   if args.stream:
     print()

@@ -42,6 +42,7 @@ SSD_LAW = f"{LAW}::test_sampled_decoding_follows_the_numpy_law[ssd-1.0-1.0]"  # 
 SSD_LAW_TOP_P = f"{LAW}::test_sampled_decoding_follows_the_numpy_law[ssd-1.5-0.7]"
 RAGGED = f"{LAW}::test_ragged_rows_follow_their_own_laws"
 VERIFY_KEYS = f"{KEYS}::test_verify_draws_each_rows_uniforms_and_its_bonus_apart"
+AR_CHUNK = "tests/test_ar_chunk.py"
 PROCESS_LAW = "tests/test_ssd_processes.py::test_split_temperature_one_matches_target_joint_distribution"
 # The draft side's chain and tree (steps.draft_propose, draft_tree) are one code for every kind of draft; these are
 # the places where they hand on the q they drew from. A mutation named eagle_* plants its bug there too, but only
@@ -116,6 +117,15 @@ MUTATIONS = [
     Mutation("verify_key_reused_across_rounds", "ssd_jax/decode/rounds.py",
              "fold(self.verify_root, rnd)", "fold(self.verify_root, 1)",
              (KEYS,), "the verifier uses round 1's key every round (AR, SD and SSD)"),
+    Mutation("ar_chunk_steps_reuse_the_first_key", "ssd_jax/decode/steps.py",
+             "active, keys[i], temperature", "active, keys[0], temperature",
+             (f"{AR_CHUNK}::test_chunks_give_the_unfused_tokens",),
+             "every step of a chunk of AR steps (steps.ar_chunk) draws with the chunk's first key"),
+    Mutation("ar_chunks_overlap_in_rounds", "ssd_jax/decode/rounds.py",
+             "(rnd - 1) * self.chunk + 1", "rnd",
+             (f"{AR_CHUNK}::test_chunks_give_the_unfused_tokens",),
+             "chunk r of AR steps takes the keys of rounds r..r+n-1: chunks share keys, and differ from the unfused "
+             "loop's"),
     Mutation("verify_reads_a_stale_bonus", "ssd_jax/decode/rounds.py",
              "return self.rep(last), self._active[1]", "return self.rep(self.first), self._active[1]",
              ("tests/test_decode.py::test_greedy_matches_full_forward_argmax",),

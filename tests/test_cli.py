@@ -138,6 +138,9 @@ def test_options_the_mode_does_not_read_are_listed():
   assert decode.ignored_options(decode.parse_args(["--draft", "d"]), "sd") == []
   assert decode.ignored_options(decode.parse_args(["--draft", "none"]), "ar") == []  # asks for what ar does
   assert decode.ignored_options(decode.parse_args(["--draft-weights", "q8_0"]), "ar") == ["--draft-weights"]
+  chunk = decode.parse_args(["--ar-chunk", "8", "--k", "2"])
+  assert decode.ignored_options(chunk, "sd") == ["--ar-chunk"] and decode.ignored_options(chunk, "ar") == ["--k"]
+  assert decode.ignored_options(decode.parse_args(["--ar-chunk", "8"]), "ssd") == []  # k=auto may run AR
 
 
 def test_ar_still_refuses_a_draft_that_is_not_there(tmp_path):

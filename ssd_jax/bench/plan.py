@@ -29,9 +29,10 @@ SWEEPS = {
     "k": ("k", ("sd", "ssd", "hf-sd"), ("1", "2", "3", "4", "6")),
     "backup": ("backup", ("ssd",), ("neural", "fast", "ngram")),
     "ssd-placement": ("ssd_placement", ("ssd",), ("devices", "processes")),
+    "ar-chunk": ("ar_chunk", ("ar",), ("1", "2", "4", "8")),
 }
 PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int, "backup": str,
-         "ssd_placement": str}
+         "ssd_placement": str, "ar_chunk": int}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Variant:
 
   mode: str
   options: tuple  # sorted (name, value) pairs: k, fan_out, fan_out_miss, backup, saguaro_c, temperature, batch_size,
-  #                 ssd_placement
+  #                 ssd_placement, ar_chunk
   sweep_value: str | None = None  # the swept option's value, when the sweep changes this mode
   tag: str | None = None  # the backup of one of several SSD series (make_variants' `backups`)
 

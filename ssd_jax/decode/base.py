@@ -178,14 +178,16 @@ class SpecBook:
     return last, np.asarray([len(s) for s in self.seqs], np.int32)
 
   def commit(self, accept_len, bonus, drafts, now: float, stream=None):
-    """Commits a verified round: accepted drafts plus the bonus, cut at EOS and max_new_tokens."""
+    """Commits a verified round: accepted drafts plus the bonus, cut at EOS and max_new_tokens. Without drafts
+    (AR, K = 0) each committed token took one target forward, also in a chunk of steps (`drafts` then holds the
+    tokens the target made before the bonus); a speculative round is one forward."""
     for i in np.flatnonzero(~self.done):
       a = int(accept_len[i])
-      self.forwards[i] += 1
       self.reached[i, : min(a + 1, self.k)] += 1
       self.accepted[i, :a] += 1
       new = drafts[i, :a].tolist() + [int(bonus[i])]
       new, stopped = self.opts.cut_at_stop(new[: self.opts.max_new_tokens - len(self.out[i])])
+      self.forwards[i] += len(new) if self.k == 0 else 1
       self.out[i] += new
       self.seqs[i] += new
       if stopped or len(self.out[i]) >= self.opts.max_new_tokens:

@@ -32,6 +32,9 @@ class DecodeOptions:
   # The token id, or ids, that end a row: Llama 3 stops on several (<|eot_id|>, <|end_of_text|>, <|eom_id|>).
   # Stored as a sorted tuple (hashable, the same for every way of giving the same set).
   eos_id: int | Sequence[int] | None = None
+  # AR: target steps per call (steps.ar_chunk), the host's work per call paid once per chunk; streaming then gets
+  # chunks. The same tokens for every value; 1 = a call per token. SD and SSD do not read it.
+  ar_chunk: int = 4
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -42,6 +45,9 @@ class DecodeOptions:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
     if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not -2**63 <= self.seed < 2**63:
       raise ValueError(f"seed must be an integer in [-2^63, 2^63) (JAX makes keys from 64 bits), got {self.seed!r}")
+    if isinstance(self.ar_chunk, bool) or not isinstance(self.ar_chunk, (int, np.integer)) or self.ar_chunk < 1:
+      raise ValueError(f"ar_chunk (AR steps per call) must be an integer >= 1, got {self.ar_chunk!r}")
+    object.__setattr__(self, "ar_chunk", int(self.ar_chunk))
     e = self.eos_id.tolist() if isinstance(self.eos_id, np.ndarray) else self.eos_id
     ids = () if e is None else (e,) if isinstance(e, (int, np.integer, str)) or not np.iterable(e) else tuple(e)
     if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in ids):

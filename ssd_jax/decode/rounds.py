@@ -21,7 +21,7 @@ from ..kernels.platform import device_platform
 from .base import SpecBook, StreamFn, cache_slots, pad_prompts
 from .options import DecodeOptions
 from .speculator import DraftJob, Outcome
-from .steps import VERIFY_STREAM, first_tokens, fold, prefill, serve_q, stream_key, verify
+from .steps import VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, prefill, serve_q, stream_key, verify
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class TargetSide:
 
   `dec` is the decoder: placement, tcfg, tparams (placed), kv_dtype, attn_impl, feature_layers, programs, k, head
   (the draft's head ids on the target, to widen a q served over the draft's head vocabulary; None when q comes full)
-  and dcfg.
+  and dcfg. AR (k = 0) verifies in chunks of opts.ar_chunk steps, each chunk one call (`steps.ar_chunk`).
   """
 
   def __init__(self, dec, tokens, lengths, opts: DecodeOptions):
@@ -47,8 +47,10 @@ class TargetSide:
     self.dec, self.programs, self.fetch, self.rep = dec, dec.programs, pl.fetch, pl.to_target
     rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers,
                                       platform=device_platform(pl.target_mesh))
-    # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back.
-    slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=k + 2)
+    self.chunk = opts.ar_chunk if k == 0 else 1
+    # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back; a chunk of AR
+    # steps writes up to `chunk` entries past the text of a row that ends mid-chunk.
+    slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=max(k, self.chunk) + 2)
     self.cache = pl.target_cache(cfg, b, slots, dec.kv_dtype)
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                                          jnp.float32(opts.top_p)))
@@ -60,8 +62,12 @@ class TargetSide:
     # Everything the loop needs compiles before the clock starts.
     run.compile_only(prefill, p, self.tokens, self.lengths, self.cache, **self.st)
     run.compile_only(first_tokens, p, rep(jnp.zeros((b, cfg.out_vocab))), self.key, self.temp, self.top_p, cfg=cfg)
-    run.compile_only(verify, p, self.cache, z, rep(jnp.zeros((b, k), jnp.int32)),
-                     rep(jnp.zeros((b, k, cfg.vocab_size))), rep(z > 0), self.key, self.temp, self.top_p, **self.st)
+    if self.chunk > 1:
+      run.compile_only(ar_chunk, p, self.cache, z, rep(z > 0), fold_steps(self.verify_root, 1, self.chunk),
+                       self.temp, self.top_p, n=self.chunk, **self.st)
+    else:
+      run.compile_only(verify, p, self.cache, z, rep(jnp.zeros((b, k), jnp.int32)),
+                       rep(jnp.zeros((b, k, cfg.vocab_size))), rep(z > 0), self.key, self.temp, self.top_p, **self.st)
     if dec.head is not None:
       run.compile_only(serve_q, dec.head, rep(jnp.zeros((b, k, dec.dcfg.out_vocab))), cfg=dec.dcfg)
 
@@ -80,11 +86,14 @@ class TargetSide:
     every row still active ends its committed text with it (a row whose text was cut at a stop or at max_new_tokens
     is done, and a done row's verify is ignored: its length stays, its outcome is not committed), so it serves as
     x_L without a round trip through the host.
-    The active rows are placed again only when a row has finished.
+    The active rows are placed again only when a row has finished. A chunk of AR steps gets the keys the unfused
+    loop gives its rounds, (rnd - 1) * chunk + 1 onwards.
     """
     if self._active is None or not np.array_equal(self._active[0], book.done):
       self._active = (book.done.copy(), self.rep(~book.done))
-    return self.rep(last), self._active[1], fold(self.verify_root, rnd)
+    key = (fold_steps(self.verify_root, (rnd - 1) * self.chunk + 1, self.chunk) if self.chunk > 1
+           else fold(self.verify_root, rnd))
+    return self.rep(last), self._active[1], key
 
   def to_target(self, spec):
     """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices."""
@@ -94,12 +103,17 @@ class TargetSide:
     return tokens, q
 
   def verify(self, tokens, q, bonus_prev, active, key):
-    """Dispatches the verify of `tokens`; returns (accept_len [B], bonus [B], the verified positions' target
-    features [B, K+1, n_feat * d] or None) as target arrays."""
+    """Dispatches the verify of `tokens` (a chunk of AR steps: `key` holds its steps' keys, stage); returns
+    (accept_len [B], bonus [B], the verified positions' target features [B, K+1, n_feat * d] or None, the tokens
+    the target made before the bonus [B, chunk-1] or None: the drafts were `tokens`) as target arrays."""
     # The params and the cache keep their shapes and places all run (stable=2): their ~760 leaves are not keyed.
+    if self.chunk > 1:
+      acc, bonus, made, self.cache = self.programs(ar_chunk, self.dec.tparams, self.cache, bonus_prev, active, key,
+                                                   self.temp, self.top_p, stable=2, n=self.chunk, **self.st)
+      return acc, bonus, None, made
     acc, bonus, self.cache, *feats = self.programs(verify, self.dec.tparams, self.cache, bonus_prev, tokens, q,
                                                    active, key, self.temp, self.top_p, stable=2, **self.st)
-    return acc, bonus, (feats or [None])[0]
+    return acc, bonus, (feats or [None])[0], None
 
 
 def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
@@ -149,20 +163,22 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
       tokens.block_until_ready()  # a draft that drafts after the outcome (SD): its time ends here, not in the verify's
     t_dispatch = time.perf_counter()
     t["idle"] += t_dispatch - t_verified
-    acc, bonus, feats = target.verify(tokens, q, *nxt)
+    acc, bonus, feats, made = target.verify(tokens, q, *nxt)
     link.draft_ahead()  # after the verify's dispatch: the target starts first
     # A draft side in this process may read the outcome from the verify's own arrays (SD's chain: on the device).
     on_target = None if link.remote else (acc, bonus, nxt[1])
     last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+    drafts = spec.tokens if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
     feats = for_draft(feats)
     t_verified = time.perf_counter()
     t["verify"] += t_verified - t_dispatch
     # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
     # while the draft looks the outcome up, instead of before it can start.
-    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target))
+    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target,
+                                 made=None if made is None else drafts))
     bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
     t_sent = time.perf_counter()
-    book.commit(acc, bonus, np.asarray(spec.tokens), t_verified, stream)
+    book.commit(acc, bonus, np.asarray(drafts), t_verified, stream)
     nxt = target.stage(book, rnd + 1, last)
     t["commit"] += time.perf_counter() - t_sent
     spec = link.receive()

@@ -42,6 +42,8 @@ class Outcome:
   #                         reads them (EAGLE); positions L-1..L-1+K of the text before this outcome
   on_target: Any = None   # (accept_len, bonus, active [B]) as the verify's own arrays, for a draft side in this
   #                         process (SD's chain reads them on the device); None from a draft process
+  made: Any = None        # [B, n-1]: the tokens before the bonus when the target made them itself (AR's chunk of n
+  #                         steps, rounds.TargetSide); None: they are the speculation served
 
 
 @dataclasses.dataclass
@@ -138,7 +140,8 @@ class NoDraft:
     return None if self.book.done.all() else self.empty
 
   def outcome(self, o: Outcome) -> Speculation | None:
-    self.book.commit(o.accept_len, o.bonus, np.zeros((len(self.prompts), 0), np.int32), time.perf_counter())
+    made = np.zeros((len(self.prompts), 0), np.int32) if o.made is None else o.made  # a chunk's steps (ar_chunk)
+    self.book.commit(o.accept_len, o.bonus, made, time.perf_counter())
     return None if self.book.done.all() else self.empty
 
   def draft_ahead(self) -> None:

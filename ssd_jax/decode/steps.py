@@ -8,7 +8,7 @@ target cache holds L-1 tokens. A speculative round:
   target: `verify` feeds [x_L, s_1..s_K] at slots L-1..L-1+K, giving p_1..p_{K+1}; sampling.rejection_sample gives
           k accepted drafts and a bonus token; committing x_L, s_1..s_k is a length update (the target length becomes
           L+k; rejected entries stay in the cache, invisible, and are overwritten later). With K = 0 (AR) a verify is
-          one AR step: it feeds x_L and its bonus is the target's next token.
+          one AR step: it feeds x_L and its bonus is the target's next token; `ar_chunk` runs n of them in one call.
 SSD's draft, from the same inputs while the target verifies s_1..s_K (`draft_tree`):
   glue:  feeds [x_{L-1}, x_L, s_1..s_K] at slots L-2..L-1+K (linear, committed-style), giving draft logits g_j after
          x_L, s_1..s_j for j = 0..K;
@@ -62,6 +62,12 @@ def fold(key, *idx):
   return key
 
 
+@functools.partial(jax.jit, static_argnames=("n",))
+def fold_steps(key, first, n: int):
+  """Returns [n] keys, `key` folded with first, first+1, .., first+n-1 in one dispatch: fold(key, r) of n rounds."""
+  return jax.vmap(lambda r: jax.random.fold_in(key, r))(first + jnp.arange(n))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "attn_impl", "platform", "feature_layers"),
                    donate_argnames=("cache",))
 def prefill(params, tokens, lengths, cache: KVCache, cfg: ModelConfig, attn_impl: str = "auto",
@@ -111,6 +117,32 @@ def verify(params, cache: KVCache, bonus_prev, drafts, q, active, key, temperatu
   accept_len = jnp.where(active, accept_len, 0)
   new_len = cache.lengths + jnp.where(active, 1 + accept_len, 0)
   return (accept_len, bonus, cache.replace(lengths=new_len.astype(jnp.int32))) + tuple(out[2:])
+
+
+@functools.partial(jax.jit, static_argnames=("n", "cfg", "attn_impl", "platform", "feature_layers"),
+                   donate_argnames=("cache",))
+def ar_chunk(params, cache: KVCache, bonus_prev, active, keys, temperature, top_p, n: int, cfg: ModelConfig,
+             attn_impl: str = "auto", platform: str | None = None, feature_layers: tuple = ()):
+  """Returns (accept_len [B]: n-1 on active rows, 0 on the others; bonus [B]: the last step's token; made [B, n-1]:
+  the tokens of the steps before it; cache): n AR steps in one program, paying the host's work per call once.
+
+  Step i is `verify` of no drafts with keys[i] (`fold_steps`: the key the unfused loop gives that round), its input
+  the token step i-1 drew (bonus_prev for step 0), so the n tokens are those of n unfused rounds. Every active row
+  takes all n steps: a row its book ends mid-chunk (a stop id, max_new_tokens) writes past its text into its own
+  cache, which a done row never reads again. Static: n, cfg, feature_layers (features a verify would return are
+  dropped: AR has no draft to read them) and shapes.
+  """
+  b = bonus_prev.shape[0]
+  none, q0 = jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, cfg.vocab_size), jnp.float32)
+  st = dict(cfg=cfg, attn_impl=attn_impl, platform=platform, feature_layers=feature_layers)
+
+  def step(i, carry):
+    cache, prev, made = carry
+    _, tok, cache = verify(params, cache, prev, none, q0, active, keys[i], temperature, top_p, **st)[:3]
+    return cache, tok, made.at[:, i].set(tok)
+
+  cache, last, made = jax.lax.fori_loop(0, n, step, (cache, bonus_prev, jnp.zeros((b, n), jnp.int32)))
+  return jnp.where(active, n - 1, 0).astype(jnp.int32), last, made[:, :-1], cache
 
 
 def draw(params, logits, key, temperature, top_p, saguaro_c, saguaro_top: int, cfg):
