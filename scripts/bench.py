@@ -463,6 +463,8 @@ def calibrate(args, modes) -> int:
                          log=lambda m: print(m, flush=True))
   costs = dataclasses.replace(costs, about=f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, "
                               f"{pipe.target.cfg.name} ({pipe.weights}) + {pipe.draft.cfg.name}")
+  costs = auto_k.measure_host(costs, host_decoder(pipe, HOST_NEW_TOKENS), auto_k.run_prefix(
+      [len(host_prompt(pipe))], HOST_NEW_TOKENS), log=lambda m: print(m, flush=True))
   path = pipe.step_costs_path()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
@@ -475,6 +477,28 @@ def calibrate(args, modes) -> int:
     ups = ", ".join(f"K={k} {auto_k.sd_speedup(costs, b, k, a, prefix):.2f}x" for k in range(1, auto_k.K_MAX + 1))
     print(f"batch {b:>2}: k=auto -> K={pipe.choose_k(b, args.temperature, prefix)}  (expected SD over AR: {ups})")
   return 0
+
+
+HOST_NEW_TOKENS = 48  # the calibration's real decodes (auto_k.measure_host): long enough for ~30 SD rounds
+
+
+def host_prompt(pipe) -> list[int]:
+  """Returns the prompt auto_k.measure_host decodes: a fixed instruction (its text matters little: the loop's time,
+  not the tokens, is measured), or ids 1..120 for a pair without a tokenizer."""
+  if pipe.tokenizer is None:
+    return list(range(1, 121))
+  return pipe.encode_prompt("Explain, step by step, how a bicycle's gears make it easier to ride up a steep hill.")
+
+
+def host_decoder(pipe, new_tokens: int):
+  """Returns decode(mode) -> (decode seconds, new tokens, target forwards) of host_prompt at batch 1, greedy, EOS
+  ignored: AR, or SD at K=1 (auto_k.measure_host)."""
+  ids = [host_prompt(pipe)]
+
+  def decode(mode):
+    stats = pipe.generate_ids(ids, mode=mode, batch_size=1, k=1, max_new_tokens=new_tokens, ignore_eos=True)[0].stats
+    return stats.decode_seconds, stats.new_tokens, stats.target_forwards
+  return decode
 
 
 def print_verify_cost(args) -> int:

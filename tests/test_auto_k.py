@@ -165,3 +165,57 @@ def test_cost_cache_key_covers_weight_formats_of_target_and_draft(tmp_path, monk
   pipe.draft = draft
   pipe.kv_dtype = "bfloat16"
   assert pipe.step_costs_path() != base
+
+
+def test_measured_host_time_replaces_the_fixed_round_overhead():
+  """A table with the loop's measured time: an AR token costs its step plus host_ms["ar"], an SD round its verify,
+  K draft steps and host_ms["round"] (at every batch), not ROUND_OVERHEAD AR steps; it survives the JSON cache."""
+  steps = auto_k.StepCosts({1: 7.2, 4: 11.0}, {1: {t: 7.2 * (1 + 0.23 * (t - 1)) for t in range(2, 6)},
+                                               4: {t: 11.0 * (1 + 0.4 * (t - 1)) for t in range(2, 6)}},
+                           {1: 0.8, 4: 1.2}, prefix=64)
+  fixed = auto_k.CostTable((steps,))
+  measured = dataclasses.replace(fixed, host_ms={"ar": 0.5, "round": 0.9})
+  a = 0.56
+  assert auto_k.sd_speedup(measured, 1, 1, a) == pytest.approx((1 + a) * (7.2 + 0.5) / (7.2 * 1.23 + 0.8 + 0.9))
+  assert auto_k.sd_speedup(measured, 4, 2, a) == pytest.approx((1 + a + a * a) * 11.5 / (11.0 * 1.8 + 2.4 + 0.9))
+  # With a 7 ms step the fixed overhead (0.15 steps, ~1.1 ms) keeps AR; the measured loop time makes K=1 pay.
+  assert auto_k.choose_k(fixed, 1, a) == 0 and auto_k.choose_k(measured, 1, a) == 1
+  assert auto_k.choose_k(measured, 4, a) == 0
+  back = auto_k.CostTable.from_json(measured.to_json())
+  assert back == measured and auto_k.CostTable.from_json(fixed.to_json()).host_ms is None
+
+
+def test_measure_host_subtracts_the_compiled_steps_from_real_decodes():
+  """AR: seconds over the tokens after the first, less the AR step; SD: seconds over the verifies (forwards less
+  the prefill), less a 2-token verify and a draft step. The warm-up decode of each mode is not counted."""
+  table = auto_k.CostTable((auto_k.StepCosts({1: 7.0}, {1: {2: 8.5, 3: 10.0}}, {1: 0.8}, prefix=64),))
+  calls = []
+
+  def decode(mode):
+    calls.append(mode)
+    warm = len(calls) <= 2
+    if mode == "ar":  # 48 tokens: 47 steps of 7.5 ms
+      return (99.0 if warm else 47 * 7.5e-3), 48, 48
+    return (99.0 if warm else 30 * 10.1e-3), 48, 31  # 30 rounds of 10.1 ms
+
+  out = auto_k.measure_host(table, decode, prefix=64, repeats=3, log=lambda m: None)
+  assert calls == ["ar", "sd"] * 4
+  assert out.host_ms == pytest.approx({"ar": 0.5, "round": 10.1 - 8.5 - 0.8})
+  assert out.tables == table.tables
+  with pytest.raises(ValueError, match="no steps"):
+    auto_k.measure_host(table, lambda mode: (0.1, 1, 1), prefix=64, repeats=1, log=lambda m: None)
+
+
+def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monkeypatch):
+  """bench.py's host decoder on the tiny pair: AR and SD at K=1 decode the fixed prompt, and the loop's time per AR
+  token and SD round comes out finite and smaller than a whole token's or round's time."""
+  from script_modules import load_script
+  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
+  bench = load_script("bench.py", "bench_script")
+  pipe = api.load_tiny()
+  decode = bench.host_decoder(pipe, 12)
+  seconds, new, forwards = decode("sd")
+  assert new == 12 and 1 < forwards <= 12 and seconds > 0
+  steps = auto_k.CostTable((auto_k.StepCosts({1: 0.0}, {1: {2: 0.0}}, {1: 0.0}, prefix=64),))
+  out = auto_k.measure_host(steps, decode, prefix=64, repeats=1, log=lambda m: None)
+  assert 0 < out.host_ms["ar"] < 1e3 and 0 < out.host_ms["round"] < 1e3

@@ -80,6 +80,9 @@ class CostTable:
 
   tables: tuple        # StepCosts, by increasing prefix
   about: str = ""
+  # The decode loop's time beyond the compiled steps, measured in real decodes at batch 1 (measure_host): {"ar": ms a
+  # token beyond an AR step, "round": ms an SD round beyond its verify and draft steps}; None: ROUND_OVERHEAD instead.
+  host_ms: dict | None = None
 
   def __post_init__(self):
     if not self.tables:
@@ -87,8 +90,8 @@ class CostTable:
     object.__setattr__(self, "tables", tuple(sorted(self.tables, key=lambda t: t.prefix)))
 
   def to_json(self) -> str:
-    return json.dumps({"about": self.about, "tables": [dataclasses.asdict(t) for t in self.tables]}, indent=1,
-                      sort_keys=True)
+    return json.dumps({"about": self.about, "tables": [dataclasses.asdict(t) for t in self.tables],
+                       "host_ms": self.host_ms}, indent=1, sort_keys=True)
 
   @classmethod
   def from_json(cls, text: str) -> "CostTable":
@@ -97,7 +100,9 @@ class CostTable:
     if "tables" not in d:
       one = StepCosts.from_json(text)
       return cls((one,), one.about)
-    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""))
+    host = d.get("host_ms")
+    host = {name: float(host[name]) for name in ("ar", "round")} if host else None
+    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host)
 
   def at(self, batch: int, prefix: float | None = None) -> tuple[float, dict, float]:
     """Returns (AR ms, {T: verify ms}, draft ms) at `batch` after `prefix` cached tokens (None: DEFAULT_PREFIX):
@@ -127,15 +132,20 @@ def expected_tokens(a: float, k: int) -> float:
 
 def sd_speedup(costs, batch: int, k: int, a: float, prefix: float | None = None) -> float:
   """Returns SD's expected tokens a second over AR's at `batch` with K drafts a round (1.0 for K=0), from `costs`
-  (StepCosts or CostTable) read after `prefix` cached tokens. The round's host work is ROUND_OVERHEAD AR steps of
-  one row (at the same prefix)."""
+  (StepCosts or CostTable) read after `prefix` cached tokens. The loop's own time: a table's measured host_ms (an AR
+  token's and an SD round's beyond their compiled steps, at every batch), else ROUND_OVERHEAD AR steps of one row a
+  round (at the same prefix) and none for AR."""
   if k == 0:
     return 1.0
   ar, verify, draft = costs.at(batch, prefix)
   if k + 1 not in verify:
     return 0.0
-  round_ms = verify[k + 1] + k * draft + ROUND_OVERHEAD * costs.at(1, prefix)[0]
-  return expected_tokens(a, k) * ar / round_ms
+  host = getattr(costs, "host_ms", None)
+  if host:
+    ar_ms, round_ms = ar + host["ar"], verify[k + 1] + k * draft + host["round"]
+  else:
+    ar_ms, round_ms = ar, verify[k + 1] + k * draft + ROUND_OVERHEAD * costs.at(1, prefix)[0]
+  return expected_tokens(a, k) * max(ar_ms, 1e-6) / max(round_ms, 1e-6)
 
 
 def choose_k(costs, batch: int, a: float, k_max: int = K_MAX, builtin: dict = BUILTIN_K,
@@ -219,3 +229,29 @@ def measure(target, draft, batches=BATCHES, k_max: int = K_MAX, repeats: int = 7
       log(f"[calibrate] batch {b}, prefix {p}: AR {ar[p][b]:.1f} ms, verify " +
           ", ".join(f"T={t} {v:.1f}" for t, v in verify[p][b].items()) + f", draft {drafted[p][b]:.1f} ms")
   return CostTable(tuple(StepCosts(ar[p], verify[p], drafted[p], prefix=p) for p in prefixes))
+
+
+def measure_host(costs: CostTable, decode, prefix: float, repeats: int = 3, log=print) -> CostTable:
+  """Returns `costs` with host_ms: the decode loop's own time at batch 1, from real decodes beside the compiled steps.
+
+  `decode(mode)` runs one greedy batch-1 decode ("ar", or "sd" at K=1) and returns (its decode seconds, new tokens,
+  target forwards with the prefill); `prefix`: the cached tokens its steps see on average. An AR token costs the
+  decode's seconds over its tokens after the first, less the AR step; an SD round the seconds over its verifies, less
+  a 2-token verify and a draft step (all read at `prefix`). Each mode is decoded once to warm up, then `repeats`
+  times, interleaved; medians."""
+  import numpy as np
+
+  ar, verify, draft = costs.at(1, prefix)
+  per = {"ar": [], "sd": []}
+  for i in range(repeats + 1):
+    for mode in per:
+      seconds, new, forwards = decode(mode)
+      steps = new - 1 if mode == "ar" else forwards - 1  # AR's first token comes from the prefill
+      if i and steps > 0:
+        per[mode].append(seconds * 1e3 / steps)
+  if not per["ar"] or not per["sd"]:
+    raise ValueError("the host-time decodes made no steps: give them more new tokens")
+  host = {"ar": float(np.median(per["ar"])) - ar, "round": float(np.median(per["sd"])) - verify[2] - draft}
+  log(f"[calibrate] loop time beyond the compiled steps (batch 1, prefix {prefix:g}): AR {host['ar']:.2f} ms a "
+      f"token, SD {host['round']:.2f} ms a round")
+  return dataclasses.replace(costs, host_ms=host)
