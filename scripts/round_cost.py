@@ -31,6 +31,8 @@ def parse_args(argv=None):
   p.add_argument("--ks", default="1,2", help="comma-separated K of SD (AR always runs)")
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--ar-chunk", type=int, default=None,
+                 help="AR's steps a call (default: DecodeOptions'; 1: an AR round is one step)")
   p.add_argument("--tiny", action="store_true", help="the tiny random pair (smoke runs, tests)")
   p.add_argument("--json-out")
   return p.parse_args(argv)
@@ -134,15 +136,16 @@ def compiled_costs(dec, prompt, opts) -> dict:
 def main(argv=None):
   args = parse_args(argv)
   ks = [int(x) for x in args.ks.split(",")]
-  if args.repeats < 1 or args.max_new_tokens < 2 or min(ks) < 1:
-    fail("--repeats must be >= 1, --max-new-tokens >= 2 and every K >= 1")
+  if args.repeats < 1 or args.max_new_tokens < 2 or min(ks) < 1 or (args.ar_chunk or 1) < 1:
+    fail("--repeats must be >= 1, --max-new-tokens >= 2, --ar-chunk >= 1 and every K >= 1")
   import ssd_jax
   from ssd_jax import api
   from ssd_jax.decode.options import DecodeOptions
 
   pipe = api.load_tiny() if args.tiny else ssd_jax.load()
   prompts = [pipe.encode_prompt(p) for p in PROMPTS]
-  opts = DecodeOptions(max_new_tokens=args.max_new_tokens, ignore_eos=True)
+  chunk = {} if args.ar_chunk is None else {"ar_chunk": args.ar_chunk}
+  opts = DecodeOptions(max_new_tokens=args.max_new_tokens, ignore_eos=True, **chunk)
   decoders = {"ar": pipe.decoder("ar"), **{f"sd{k}": pipe.decoder("sd", pipe.spec_options(k=k)) for k in ks}}
   report = loop_costs(decoders, prompts, opts, args.repeats)
   for mode, dec in decoders.items():

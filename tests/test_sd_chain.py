@@ -130,7 +130,7 @@ def test_round_cost_script_reports_every_mode(tmp_path):
   from script_modules import load_script
   out = tmp_path / "rounds.json"
   load_script("round_cost.py", "round_cost_script").main(
-      ["--tiny", "--ks", "1,2", "--repeats", "1", "--max-new-tokens", "8", "--json-out", str(out)])
+      ["--tiny", "--ks", "1,2", "--repeats", "1", "--max-new-tokens", "8", "--ar-chunk", "1", "--json-out", str(out)])
   rep = json.loads(out.read_text())
   assert sorted(rep) == ["ar", "sd1", "sd2"]
   for mode, r in rep.items():
