@@ -142,8 +142,8 @@ def batch_frontier(result: dict, path: str) -> bool:
     return False
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
-  for mode, pts in sorted(series.items()):
-    ax.plot([p[1] for p in pts], [p[1] / p[0] for p in pts], "o-", label=mode)
+  for i, (mode, pts) in enumerate(sorted(series.items())):  # color C{i}: a mode's color in speedup_vs_batch too
+    ax.plot([p[1] for p in pts], [p[1] / p[0] for p in pts], "o-", label=mode, color=f"C{i}")
     for b, tps, _ in pts:
       ax.annotate(f"{b}", (tps, tps / b), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
   ax.set_xlabel("decode tokens / s, whole batch")
@@ -162,10 +162,10 @@ def speedup_vs_batch(result: dict, path: str) -> bool:
   ar = {b: tps for b, tps, _ in series["ar"]}
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
-  for mode, pts in sorted(series.items()):
+  for i, (mode, pts) in enumerate(sorted(series.items())):  # color C{i}: the mode's color in batch_frontier
     if mode != "ar":
       pts = [(b, tps / ar[b]) for b, tps, _ in pts if ar.get(b)]
-      ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{mode} / ar")
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{mode} / ar", color=f"C{i}")
   ax.axhline(1.0, color="grey", linestyle="dotted")
   ax.set_xscale("log", base=2)
   ax.set_xlabel("batch size")
