@@ -175,6 +175,8 @@ def main(argv=None):
   no_draft = args.mode == "ar" or args.draft == "none"  # (a run in the default mode may still end up AR)
   if args.mode == "ar" and args.draft not in ("default", "none"):
     api.draft_dir(args.draft)  # unread under ar (a warning below), but a draft that is not there is still a mistake
+  if args.fan_out_strategy == "geometric" and args.mode != "ar" and args.draft == "none":
+    check_calibration(args, None)  # before prepare, which may fetch the target's weights
   plan = api.prepare(args.target, None if no_draft else args.draft, args.attention, args.target_devices,
                      args.draft_devices, args.ssd_placement, args.dtype, args.quantize,
                      None if args.mode == "ar" else args.draft_head_vocab, args.kv_dtype, args.draft_weights)
