@@ -168,14 +168,14 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
     # A draft side in this process may read the outcome from the verify's own arrays (SD's chain: on the device).
     on_target = None if link.remote else (acc, bonus, nxt[1])
     last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
-    drafts = spec.tokens if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
+    made = None if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
+    drafts = spec.tokens if made is None else made
     feats = for_draft(feats)
     t_verified = time.perf_counter()
     t["verify"] += t_verified - t_dispatch
     # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
     # while the draft looks the outcome up, instead of before it can start.
-    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target,
-                                 made=None if made is None else drafts))
+    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target, made=made))
     bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
     t_sent = time.perf_counter()
     book.commit(acc, bonus, np.asarray(drafts), t_verified, stream)
