@@ -68,8 +68,12 @@ def check_speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt:
 def param_bytes(cfg, dtype, weights: str = "full", tp: int = 1) -> int:
   """Returns the bytes of `cfg`'s params on each device of a `tp`-device mesh (split as sharding.param_specs splits
   them), floating params in `dtype`; weights='int8': each layer matrix one byte per weight plus a float32 scale per
-  output column (ssd_jax/models/quant.py), the embedding and head in `dtype`. Index tables are int32. An EAGLE draft
-  (its own layer only) is sized as 0: it is a fraction of a target's bytes."""
+  output column (ssd_jax/models/quant.py), the embedding and head in `dtype`; weights='q8_0' (a standalone draft's
+  format, models/draft_weights.py): the layer matrices and the head (a tied embedding or an untied lm_head) in Q8_0
+  blocks, 34 bytes per 32 weights, where draft_weights.q8_0_axis says (the draft is on one device, tp=1). Index
+  tables are int32. An EAGLE draft (its own layer only) is sized as 0: it is a fraction of a target's bytes."""
+  from .models.blocks import QK, block_bytes
+  from .models.draft_weights import q8_0_axis
   from .models.param_decls import param_decls
   from .models.quant import LAYER_MATRICES
   from .sharding import param_specs
@@ -78,14 +82,18 @@ def param_bytes(cfg, dtype, weights: str = "full", tp: int = 1) -> int:
     return 0
   item = np.dtype(dtype).itemsize
 
-  def size(dc, spec, int8: bool) -> int:
+  def size(dc, spec, name: str) -> int:
     dims = [n // tp if i < len(spec) and spec[i] is not None else n for i, n in enumerate(dc.shape)]
     n = int(np.prod(dims, dtype=np.int64))
-    return 4 * n if dc.is_table else n + 4 * dims[-1] if int8 else n * item
+    axis = q8_0_axis(cfg, name) if weights == "q8_0" else None
+    if dc.is_table:
+      return 4 * n
+    if weights == "int8" and name in LAYER_MATRICES:
+      return n + 4 * dims[-1]
+    return block_bytes("Q8_0", n) if axis is not None and dc.shape[axis] % QK == 0 else n * item
   decls, specs = param_decls(cfg), param_specs(cfg, tp)
-  total = sum(size(decls[k], specs[k], False) for k in decls if k != "layers")
-  return total + sum(size(dc, sp[k], weights == "int8" and k in LAYER_MATRICES)
-                     for lay, sp in zip(decls["layers"], specs["layers"]) for k, dc in lay.items())
+  total = sum(size(decls[k], specs[k], k) for k in decls if k != "layers")
+  return total + sum(size(dc, sp[k], k) for lay, sp in zip(decls["layers"], specs["layers"]) for k, dc in lay.items())
 
 
 def model_params(path: str, dtype: str = "auto", weights: str = "full", tp: int = 1):
@@ -93,7 +101,8 @@ def model_params(path: str, dtype: str = "auto", weights: str = "full", tp: int 
   (a GGUF file, an HF directory or an ssd-jax checkpoint) as load_model would place it, from its headers without
   reading a weight; None where they do not tell (an EAGLE draft without its own embedding). weights='gguf': a GGUF's
   Q8_0/Q4_1 matrices at their size in the file, F16/BF16 tensors in param_dtype(dtype, their dtype), the rest
-  dequantized (the GGUF is never converted to size it)."""
+  dequantized (the GGUF is never converted to size it); other `weights` ('full', 'int8', a draft's 'q8_0') as
+  param_bytes sizes them."""
   from .models.checkpoints import param_dtype, peek_model
 
   if str(path).endswith(".gguf"):
@@ -115,6 +124,15 @@ def model_params(path: str, dtype: str = "auto", weights: str = "full", tp: int 
     return None
   dt = param_dtype(dtype, peek[1])
   return peek[0], param_bytes(peek[0], dt, weights, tp), dt
+
+
+def draft_params(plan):
+  """Returns model_params of a LoadPlan's draft as api.load_prepared holds it: in the settings' dtype and draft
+  format (draft_weights, 'auto' resolved as quantize_draft resolves it: 'full' or 'q8_0'); None where the headers do
+  not tell."""
+  from .models.draft_weights import resolve
+
+  return model_params(plan.draft, plan.settings.dtype, resolve(plan.settings.draft_weights))
 
 
 def kv_cache_bytes(cfg, batch: int, slots: int, dtype, tp: int = 1) -> int:
@@ -150,15 +168,15 @@ def draft_config(plan, run=None):
 
 def parts(plan, run=None) -> tuple[dict, dict]:
   """Returns the bytes (by part, on each device that holds one) of the target's side and of the draft's side of a
-  LoadPlan: the params, and with a preflight.Run the KV caches and (SSD) the speculation cache. A model whose headers
-  do not tell its size (an EAGLE draft's weights) counts as 0."""
+  LoadPlan: the params (the draft's as `draft_params` sizes them), and with a preflight.Run the KV caches and (SSD)
+  the speculation cache. A model whose headers do not tell its size (an EAGLE draft's weights) counts as 0."""
   from .models.checkpoints import param_dtype
   from .decode.base import cache_slots
   from .decode.draft import CACHE_DTYPE
 
   s, dcfg = plan.settings, draft_config(plan, run)
   target = model_params(plan.target_source(), s.dtype, s.weights, s.target_devices)
-  draft = model_params(plan.draft, s.dtype) if dcfg is not None else None
+  draft = draft_params(plan) if dcfg is not None else None
   t = {"target params": target[1]} if target else {}
   d = {"draft params": draft[1]} if draft else {}
   if run is not None:

@@ -1,7 +1,7 @@
 """The memory check load() and decode.py make (ssd_jax/memory_check.py) sizes the params in the dtype and format they
-will have (dtype, weights int8 or a GGUF's blocks, from the files' headers: nothing is read or converted to size them)
-and the KV cache in kv_dtype: it refuses a float32 model that does not fit and passes the same model in bfloat16 or
-int8."""
+will have (dtype, weights int8 or a GGUF's blocks, the draft's q8_0 blocks, from the files' headers: nothing is read
+or converted to size them) and the KV cache in kv_dtype: it refuses a float32 model that does not fit and passes the
+same model in bfloat16 or int8."""
 
 import jax
 import numpy as np
@@ -10,10 +10,12 @@ import pytest
 from ssd_jax import api, memory_check
 from ssd_jax.decode import SpecOptions
 from ssd_jax.memory_check import kv_cache_bytes, param_bytes
-from ssd_jax.models import checkpoints, model, quant
+from ssd_jax.models import checkpoints, draft_weights, drafts, model, quant
 from ssd_jax.models.config import tiny_config
 from ssd_jax.models.kv_cache import KVCache
 from ssd_jax.models.named_configs import named_config, write_random_hf
+from ssd_jax.preflight import LoadPlan
+from ssd_jax.settings import LoadSettings
 from ssd_jax.sharding import make_placement
 
 
@@ -98,3 +100,23 @@ def test_ssd_counts_the_draft_side_where_it_lives(tmp_path, monkeypatch):
     check(target, "cpu")  # but not the host together
   with pytest.raises(ValueError, match="the target's first device"):
     check(draft, "gpu")
+
+
+def _held_bytes(params) -> int:
+  return sum(x.nbytes for x in jax.tree.leaves(params))
+
+
+def _draft_plan(path, head_vocab=None, **settings):
+  """A LoadPlan of the draft at `path` (the target: the same model, so that parts() needs nothing else)."""
+  return LoadPlan(path, LoadSettings(**settings), None, path, drafts.read_vocab(path)[0], head_vocab)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["full", "q8_0", "auto"])
+def test_the_shipped_draft_is_sized_as_it_is_held(dtype, fmt):
+  """The shipped draft (bfloat16 on disk; 'auto' is q8_0 on a CPU: its matrices and tied head in Q8_0 blocks, about
+  a quarter of its float32 bytes) is sized as load_prepared holds it: loaded, then put in draft_weights' format."""
+  path = checkpoints.resolve_model_dir(checkpoints.DEFAULT_DRAFT_NAME)
+  cfg, params = drafts.load_draft(path, drafts.read_vocab(path)[0], dtype=dtype)
+  held = _held_bytes(draft_weights.quantize_draft(cfg, params, fmt))
+  assert memory_check.parts(_draft_plan(path, dtype=dtype, draft_weights=fmt))[1] == {"draft params": held}

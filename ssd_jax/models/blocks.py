@@ -71,6 +71,11 @@ def from_gguf(raw: np.ndarray, kind: str, transposed: bool) -> BlockWeight:
   return BlockWeight(np.ascontiguousarray(b[..., 4:]).reshape(r, -1), d, m, kind, transposed)
 
 
+def block_bytes(kind: str, n: int) -> int:
+  """Returns the bytes of n weights (a multiple of QK) held in blocks of `kind` (qs, d and m together)."""
+  return n // QK * _BLOCK_BYTES[kind]
+
+
 def quantize_q8_0(rows, transposed: bool) -> BlockWeight:
   """Returns Q8_0 blocks of a float matrix given as its rows [R, C] (C a multiple of 32), quantized by us (GGUF's
   Q8_0 rule with the scale rounded first): d = fp16(max |w| / 127) per block of 32, q = clip(round(w / d), -127, 127)

@@ -53,6 +53,22 @@ def _layer(lp: dict) -> dict:
   return dict(lp, **{k: _q8(lp[k], True) for k in LAYER_MATRICES if k in lp})
 
 
+def q8_0_axis(cfg, name: str) -> int | None:
+  """Returns the summed axis of the standalone draft's param `name` (a key of its params or of a layer's) that
+  'q8_0' puts in blocks: 0 for a layer matrix [in, out] and an untied lm_head [d, V], 1 for a tied embedding [V, d];
+  None for what stays (norms, biases, an untied embedding, the token tables). A matrix whose summed axis is not a
+  multiple of 32 stays all the same. quantize_draft and the memory check (memory_check.param_bytes) both follow it."""
+  if name in LAYER_MATRICES or (name == "lm_head" and not cfg.tie_embeddings):
+    return 0
+  return 1 if name == "embed" and cfg.tie_embeddings else None
+
+
+def _standalone(cfg, params: dict) -> dict:
+  """Returns a standalone draft's params (a dict, or a layer's) with what q8_0_axis names in Q8_0 blocks."""
+  axes = {k: q8_0_axis(cfg, k) for k in params}
+  return {k: v if axes[k] is None else _q8(v, axes[k] == 0) for k, v in params.items()}
+
+
 def quantize_draft(cfg, params: dict, draft_weights: str) -> dict:
   """Returns a draft's params in the format `draft_weights` ('full': unchanged; 'q8_0': as the module says;
   'auto' resolved first)."""
@@ -64,11 +80,8 @@ def quantize_draft(cfg, params: dict, draft_weights: str) -> dict:
     out["fc"] = _q8(params["fc"], True)
     out["head"] = _q8(params["head"], False)
     return out
-  out["layers"] = [_layer(lp) for lp in params["layers"]]
-  if cfg.tie_embeddings:
-    out["embed"] = _q8(params["embed"], False)
-  elif "lm_head" in params:
-    out["lm_head"] = _q8(params["lm_head"], True)
+  out = _standalone(cfg, {k: v for k, v in params.items() if k != "layers"})
+  out["layers"] = [_standalone(cfg, lp) for lp in params["layers"]]
   return out
 
 
