@@ -128,11 +128,19 @@ def model_params(path: str, dtype: str = "auto", weights: str = "full", tp: int 
 
 def draft_params(plan):
   """Returns model_params of a LoadPlan's draft as api.load_prepared holds it: in the settings' dtype and draft
-  format (draft_weights, 'auto' resolved as quantize_draft resolves it: 'full' or 'q8_0'); None where the headers do
-  not tell."""
+  format (draft_weights, 'auto' resolved as quantize_draft resolves it: 'full' or 'q8_0'), its head cut to
+  draft_head_vocab where set (drafts.reduce_head: an untied head of those rows beside the whole embedding, with the
+  token tables); None where the headers do not tell."""
+  import dataclasses
+
   from .models.draft_weights import resolve
 
-  return model_params(plan.draft, plan.settings.dtype, resolve(plan.settings.draft_weights))
+  s, fmt = plan.settings, resolve(plan.settings.draft_weights)
+  got = model_params(plan.draft, s.dtype, fmt)
+  if got is None or plan.draft_head_vocab is None or getattr(got[0], "kind", None) == "eagle":
+    return got
+  cfg = dataclasses.replace(got[0], head_vocab=plan.draft_head_vocab, full_embed=True, tie_embeddings=False)
+  return cfg, param_bytes(cfg, got[2], fmt), got[2]
 
 
 def kv_cache_bytes(cfg, batch: int, slots: int, dtype, tp: int = 1) -> int:

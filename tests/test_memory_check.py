@@ -1,7 +1,7 @@
 """The memory check load() and decode.py make (ssd_jax/memory_check.py) sizes the params in the dtype and format they
-will have (dtype, weights int8 or a GGUF's blocks, the draft's q8_0 blocks, from the files' headers: nothing is read
-or converted to size them) and the KV cache in kv_dtype: it refuses a float32 model that does not fit and passes the
-same model in bfloat16 or int8."""
+will have (dtype, weights int8 or a GGUF's blocks, the draft's q8_0 blocks and cut head, from the files' headers:
+nothing is read or converted to size them) and the KV cache in kv_dtype: it refuses a float32 model that does not fit
+and passes the same model in bfloat16 or int8."""
 
 import jax
 import numpy as np
@@ -120,3 +120,16 @@ def test_the_shipped_draft_is_sized_as_it_is_held(dtype, fmt):
   cfg, params = drafts.load_draft(path, drafts.read_vocab(path)[0], dtype=dtype)
   held = _held_bytes(draft_weights.quantize_draft(cfg, params, fmt))
   assert memory_check.parts(_draft_plan(path, dtype=dtype, draft_weights=fmt))[1] == {"draft params": held}
+
+
+@pytest.mark.parametrize("fmt", ["full", "q8_0"])
+def test_a_cut_head_is_sized_as_it_is_held(tmp_path, fmt):
+  """A full-vocabulary draft whose head load() cuts to draft_head_vocab rows holds the whole embedding, an untied head
+  of those rows (q8_0: in blocks) and the token tables."""
+  write_random_hf(str(tmp_path), named_config("llama-3.2-1b", n_layers=2, d_model=64, ffn_dim=128, n_heads=4,
+                                              n_kv_heads=2, head_dim=16, vocab_size=512))
+  cfg, params = drafts.load_draft(str(tmp_path), drafts.read_vocab(str(tmp_path))[0], head_vocab=96,
+                                  dtype="float32")
+  held = _held_bytes(draft_weights.quantize_draft(cfg, params, fmt))
+  plan = _draft_plan(str(tmp_path), 96, dtype="float32", draft_weights=fmt)
+  assert memory_check.parts(plan)[1] == {"draft params": held}
