@@ -54,6 +54,8 @@ def parse_args(argv=None):
   p.add_argument("--batch-size", type=int, default=1)
   p.add_argument("--ar-chunk", type=int, default=DecodeOptions.ar_chunk,
                  help="ar: target steps a call (the host's work per call paid once per chunk; same tokens)")
+  p.add_argument("--sd-chunk", type=int, default=DecodeOptions.sd_chunk,
+                 help="sd: rounds a call with a draft that reads tokens (verify and next chain fused; same tokens)")
   p.add_argument("--k", default="auto", type=k_arg,
                  help="draft tokens per round (sd, ssd, hf-sd): an integer, or auto (default, as decode.py and the "
                       "API): chosen per batch from this machine's step costs (--calibrate), 0 meaning AR")
@@ -177,7 +179,7 @@ def check_args(args) -> list[str]:
   settings.LoadSettings(args.attention, args.ssd_placement, "auto", args.quantize, args.dtype, args.target_devices,
                         args.draft_devices, args.draft_weights)
   DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                ar_chunk=args.ar_chunk)
+                ar_chunk=args.ar_chunk, sd_chunk=args.sd_chunk)
   if args.sweep_values and not args.sweep:
     fail("--sweep-values needs --sweep")
   if args.backups is not None:
@@ -328,7 +330,8 @@ class Runner:
     before = dec.programs.compile_seconds
     res = self.pipe.generate_ids(ids, mode=mode, batch_size=len(ids), spec=spec,
                                  max_new_tokens=self.args.max_new_tokens, temperature=o["temperature"],
-                                 seed=self.args.seed, ignore_eos=True, ar_chunk=o["ar_chunk"])
+                                 seed=self.args.seed, ignore_eos=True, ar_chunk=o["ar_chunk"],
+                                 sd_chunk=o["sd_chunk"])
     return [{"token_ids": r.token_ids, "stats": r.stats.to_dict()} for r in res], dec.programs.compile_seconds - before
 
   def choose(self, variant, ids) -> int:
@@ -441,13 +444,14 @@ def bench_variants(args, modes) -> list:
   where = defaults.resolve(True, make_placement(args.target_devices, args.draft_devices), args.ssd_placement)[1]
   base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
           "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
-          "ssd_placement": where, "ar_chunk": args.ar_chunk}
+          "ssd_placement": where, "ar_chunk": args.ar_chunk,
+          "sd_chunk": args.sd_chunk}
   values = args.sweep_values.split(",") if args.sweep_values else None
   backups = [b for b in args.backups.split(",") if b] if args.backups else None
   variants = plan.make_variants(all_modes, base, args.sweep, values, backups)
   for v in variants:  # each variant's own settings (fan-out against its K, swept temperature, ...) fail before loading
     spec_options(v.opts)
-    DecodeOptions(temperature=v.opts["temperature"], ar_chunk=v.opts["ar_chunk"])
+    DecodeOptions(temperature=v.opts["temperature"], ar_chunk=v.opts["ar_chunk"], sd_chunk=v.opts["sd_chunk"])
   return variants
 
 

@@ -67,6 +67,9 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--ar-chunk", type=int, default=DecodeOptions.ar_chunk,
                  help="ar: target steps a call (the host's work per call paid once per chunk; the same tokens; "
                       "--stream prints chunks)")
+  p.add_argument("--sd-chunk", type=int, default=DecodeOptions.sd_chunk,
+                 help="sd: rounds a call with a draft that reads tokens (verify and the next chain in one program; "
+                      "the same tokens; --stream prints chunks)")
   p.add_argument("--raw", action="store_true",
                  help="feed the prompt as is, without the chat template (only the tokenizer's own BOS, if any)")
   p.add_argument("--thinking", choices=["on", "off"], default=None,
@@ -111,7 +114,8 @@ def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
   settings.LoadSettings(args.attention, args.ssd_placement, args.kv_dtype, args.quantize, args.dtype,
                         args.target_devices, args.draft_devices, args.draft_weights)
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                       seed=args.seed, ignore_eos=args.ignore_eos, ar_chunk=args.ar_chunk)
+                       seed=args.seed, ignore_eos=args.ignore_eos, ar_chunk=args.ar_chunk,
+                       sd_chunk=args.sd_chunk)
   spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
                      fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
   if args.json_out:
@@ -137,6 +141,7 @@ def ignored_options(args, mode: str) -> list[str]:
   parser = make_parser()
   unread += ("draft",) if mode == "ar" and args.draft != "none" else ()
   unread += ("ar_chunk",) if mode != "ar" and args.k != "auto" else ()  # k='auto' may run a batch as AR
+  unread += ("sd_chunk",) if mode != "sd" else ()
   return ["--" + d.replace("_", "-") for d in unread if getattr(args, d) != parser.get_default(d)]
 
 
@@ -198,7 +203,7 @@ def main(argv=None):
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   gens = pipe.generate(prompts, mode=mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
                        top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size, ignore_eos=opts.ignore_eos,
-                       ar_chunk=opts.ar_chunk,
+                       ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk,
                        chat=not args.raw, stream=stream, spec=spec, **switches)
   if args.stream:
     print()

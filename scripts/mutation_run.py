@@ -43,6 +43,7 @@ SSD_LAW_TOP_P = f"{LAW}::test_sampled_decoding_follows_the_numpy_law[ssd-1.5-0.7
 RAGGED = f"{LAW}::test_ragged_rows_follow_their_own_laws"
 VERIFY_KEYS = f"{KEYS}::test_verify_draws_each_rows_uniforms_and_its_bonus_apart"
 AR_CHUNK = "tests/test_ar_chunk.py"
+SD_CHUNK = "tests/test_sd_chunk.py"
 PROCESS_LAW = "tests/test_ssd_processes.py::test_split_temperature_one_matches_target_joint_distribution"
 # The draft side's chain and tree (steps.draft_propose, draft_tree) are one code for every kind of draft; these are
 # the places where they hand on the q they drew from. A mutation named eagle_* plants its bug there too, but only
@@ -126,6 +127,20 @@ MUTATIONS = [
              (f"{AR_CHUNK}::test_chunks_give_the_unfused_tokens",),
              "chunk r of AR steps takes the keys of rounds r..r+n-1: chunks share keys, and differ from the unfused "
              "loop's"),
+    Mutation("sd_chunk_rounds_share_the_verify_key", "ssd_jax/decode/sd_chunk.py",
+             "active, vkeys[i], temperature", "active, vkeys[0], temperature",
+             (f"{SD_CHUNK}::test_chunks_give_the_unfused_tokens",),
+             "every round of a chunk of SD rounds (sd_chunk.py) verifies with the chunk's first round's key"),
+    Mutation("sd_chunk_chain_takes_the_rounds_own_key", "ssd_jax/decode/sd_chunk.py",
+             "(None, 0))(droot, r + 1)", "(None, 0))(droot, r)",
+             (f"{SD_CHUNK}::test_chunks_give_the_unfused_tokens",),
+             "the chain a chunk drafts after round r's outcome draws with key r, the key of the chain already "
+             "verified in round r"),
+    Mutation("sd_chunk_commits_the_first_round_n_times", "ssd_jax/decode/sd_chunk.py",
+             "book.commit(acc[i], bonus[i], drafts[i], t1, stream)",
+             "book.commit(acc[0], bonus[0], drafts[0], t1, stream)",
+             (f"{SD_CHUNK}::test_chunks_give_the_unfused_tokens",),
+             "the host commits a chunk's first outcome for each of its rounds"),
     Mutation("verify_reads_a_stale_bonus", "ssd_jax/decode/rounds.py",
              "return self.rep(last), self._active[1]", "return self.rep(self.first), self._active[1]",
              ("tests/test_decode.py::test_greedy_matches_full_forward_argmax",),

@@ -203,7 +203,8 @@ class Pipeline:
                ignore_eos: bool = False, chat: bool = True, stream: Callable[[str], None] | None = None,
                k: int | str = "auto", fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform",
                backup: str = "neural", saguaro_c: float = 1.0, spec: SpecOptions | None = None,
-               enable_thinking: bool | None = None, ar_chunk: int = DecodeOptions.ar_chunk) -> list[Generation]:
+               enable_thinking: bool | None = None, ar_chunk: int = DecodeOptions.ar_chunk,
+               sd_chunk: int = DecodeOptions.sd_chunk) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`: 'auto' by default, chosen per batch from this machine's step
@@ -217,7 +218,8 @@ class Pipeline:
     each new piece of text of the first prompt. A row stops at any of the model's end-of-sequence ids
     (generation_config.json, config.json, the tokenizer's eos_token). enable_thinking: Qwen3's template switch (None:
     the template's default; a template without it refuses True/False). ar_chunk: AR's target steps a call (the
-    host's work per call paid once per chunk; the same tokens; stream then gets a chunk's text at a time).
+    host's work per call paid once per chunk; the same tokens; stream then gets a chunk's text at a time);
+    sd_chunk: SD's rounds a call, with a draft that reads tokens (the same tokens; streamed a chunk at a time).
     """
     if isinstance(prompts, str):
       prompts = [prompts]
@@ -229,7 +231,8 @@ class Pipeline:
     res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out,
                             fan_out_miss=fan_out_miss, fan_out_strategy=fan_out_strategy, backup=backup,
                             saguaro_c=saguaro_c, spec=spec, max_new_tokens=max_new_tokens, temperature=temperature,
-                            top_p=top_p, seed=seed, ignore_eos=ignore_eos, ar_chunk=ar_chunk)
+                            top_p=top_p, seed=seed, ignore_eos=ignore_eos, ar_chunk=ar_chunk,
+                            sd_chunk=sd_chunk)
     return [Generation(p, r.token_ids, self.tokenizer.reply_text(r.token_ids), r.stats.to_dict())
             for p, r in zip(prompts, res)]
 

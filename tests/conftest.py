@@ -12,3 +12,18 @@ def smollm2():
   GGUF blocks (the CPU's default, weights='auto') have their own tests (test_blocks.py)."""
   import ssd_jax
   return ssd_jax.load(draft=None, weights="full")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+  """Drops JAX's compiled programs once a test module is done. Each compiled XLA:CPU program keeps a few memory
+  mappings of its code while it lives, and the suite compiles thousands (a program per shape of every tiny model):
+  in one process they reach Linux's limit of 65,530 mappings a process (vm.max_map_count), and the next compile
+  crashes with a segmentation fault. A module's decoders (and their Programs) go with its fixtures; JAX's own jit
+  caches are cleared here."""
+  yield
+  import gc
+
+  import jax
+  jax.clear_caches()
+  gc.collect()

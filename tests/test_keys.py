@@ -36,10 +36,11 @@ def _record(monkeypatch):
     if keys:
       name = getattr(fn, "__name__", repr(fn))
       step = 0
-      for k in keys:
-        ident = np.asarray(jax.random.key_data(k)).tobytes() + (bytes([step % 256, step // 256])
-                                                                 if name in STEP_FOLDED else b"")
-        calls.append((name, ident))
+      for k in keys:  # a call given several keys (a chunk's rounds: [n]) records each
+        for kk in k.reshape(-1):
+          ident = np.asarray(jax.random.key_data(kk)).tobytes() + (bytes([step % 256, step // 256])
+                                                                    if name in STEP_FOLDED else b"")
+          calls.append((name, ident))
     return call(self, fn, *args, **static)
 
   monkeypatch.setattr(Programs, "__call__", recording)
@@ -68,6 +69,7 @@ def constant_draft(v: int, spread: float = 0.5):
 DECODERS = {
     "ar": lambda cfg, p, dc, dp: ARDecoder(cfg, p),
     "sd": lambda cfg, p, dc, dp: SDDecoder(cfg, p, dc, dp, SpecOptions(k=4)),
+    "sd-1": lambda cfg, p, dc, dp: SDDecoder(cfg, p, dc, dp, SpecOptions(k=4)),  # a call a round (sd_chunk=1)
     "ssd-neural": lambda cfg, p, dc, dp: SSDDecoder(cfg, p, dc, dp, SpecOptions(k=4, fan_out=8, backup="neural")),
     "ssd-fast": lambda cfg, p, dc, dp: SSDDecoder(cfg, p, dc, dp, SpecOptions(k=4, fan_out=8, backup="fast")),
 }
@@ -90,7 +92,7 @@ def test_every_round_and_role_gets_its_own_key(uniform, monkeypatch, mode, draft
     dcfg, dp = constant_draft(V)
   calls = _record(monkeypatch)
   res = DECODERS[mode](cfg, params, dcfg, dp).generate([[1, 2, 3]] * ROWS, DecodeOptions(
-      max_new_tokens=24, temperature=1.0, ignore_eos=True, seed=5))
+      max_new_tokens=24, temperature=1.0, ignore_eos=True, seed=5, sd_chunk=1 if mode == "sd-1" else 4))
   if draft == "constant" and mode != "ssd-fast":
     assert 0.3 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 0.95
   seqs = [r.token_ids for r in res]

@@ -1,6 +1,7 @@
 """SD's chain reads the verify's outcome on the device (steps.advance_tail, chain_after): the tail it drafts from is
 the committed text's, whether the outcome comes as the verify's arrays or from the host, and nothing is placed from
-the host in a round."""
+the host in a round. These are rounds of a call each (sd_chunk=1); test_sd_chunk.py checks that chunks of rounds
+give the same tokens."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,9 +81,9 @@ def test_the_chain_drafts_from_the_committed_tail_with_rows_ending_apart(pair, m
   decide the text with the seed)."""
   cfg, tp, dp = pair
   dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k))
-  base = [r.token_ids for r in dec.generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True))]
-  opts = DecodeOptions(max_new_tokens=15, eos_id=base[1][6])  # row 1 stops mid-text
-  sampled = DecodeOptions(max_new_tokens=15, temperature=1.0, seed=3, ignore_eos=True)
+  base = [r.token_ids for r in dec.generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True, sd_chunk=1))]
+  opts = DecodeOptions(max_new_tokens=15, eos_id=base[1][6], sd_chunk=1)  # row 1 stops mid-text
+  sampled = DecodeOptions(max_new_tokens=15, temperature=1.0, seed=3, ignore_eos=True, sd_chunk=1)
   out = {}
   for strip in (False, True):
     rounds = _checked_rounds(monkeypatch, strip)
@@ -117,7 +118,7 @@ def test_a_round_places_nothing_from_the_host(pair, monkeypatch):
     return spec
 
   monkeypatch.setattr(speculator.ChainDraft, "first", first_then_clear)
-  res = dec.generate(PROMPTS, DecodeOptions(max_new_tokens=12, ignore_eos=True))
+  res = dec.generate(PROMPTS, DecodeOptions(max_new_tokens=12, ignore_eos=True, sd_chunk=1))
   assert res[0].stats.extra["rounds"] > 3
   assert host_puts == []
 

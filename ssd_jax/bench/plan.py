@@ -30,9 +30,10 @@ SWEEPS = {
     "backup": ("backup", ("ssd",), ("neural", "fast", "ngram")),
     "ssd-placement": ("ssd_placement", ("ssd",), ("devices", "processes")),
     "ar-chunk": ("ar_chunk", ("ar",), ("1", "2", "4", "8")),
+    "sd-chunk": ("sd_chunk", ("sd",), ("1", "2", "4", "8")),
 }
 PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int, "backup": str,
-         "ssd_placement": str, "ar_chunk": int}
+         "ssd_placement": str, "ar_chunk": int, "sd_chunk": int}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Variant:
 
   mode: str
   options: tuple  # sorted (name, value) pairs: k, fan_out, fan_out_miss, backup, saguaro_c, temperature, batch_size,
-  #                 ssd_placement, ar_chunk
+  #                 ssd_placement, ar_chunk, sd_chunk
   sweep_value: str | None = None  # the swept option's value, when the sweep changes this mode
   tag: str | None = None  # the backup of one of several SSD series (make_variants' `backups`)
 

@@ -126,7 +126,8 @@ def speed_vs_sweep(result: dict, path: str) -> bool:
     ax.set_xscale("log", base=2)
   ax.set_xlabel({"batch": "batch size", "fan-out": "fan-out F", "k": "K (draft tokens per round)",
                  "temperature": "temperature", "saguaro-c": "Saguaro C", "backup": "backup on a miss",
-                 "ssd-placement": "SSD placement"}[sweep])
+                 "ssd-placement": "SSD placement", "ar-chunk": "AR steps a call",
+                 "sd-chunk": "SD rounds a call"}.get(sweep, sweep))
   ax.set_ylabel("decode tokens / s" + (" (all rows of a batch)" if sweep == "batch" else ""))
   ax.set_title(f"Speed against {sweep}")
   ax.legend(fontsize="small")

@@ -45,6 +45,12 @@ def cache_slots(max_prompt: int, max_new: int, lookahead: int = 0) -> int:
   return round_slots(max(need, max_prompt + PROMPT_BUCKET), 128)
 
 
+def chunk_lookahead(k: int, n: int) -> int:
+  """Returns the cache slots past a row's text that SD in chunks of n rounds (sd_chunk.py) may write: a row done in
+  a chunk's first round (that round up to K tokens past max_new_tokens) takes n - 1 more, each writing K+1 entries."""
+  return n * (k + 1) + k + 2
+
+
 StreamFn = Callable[[int, list[int]], None]  # (row, new token ids) for the first request of a batch
 
 

@@ -35,6 +35,9 @@ class DecodeOptions:
   # AR: target steps per call (steps.ar_chunk), the host's work per call paid once per chunk; streaming then gets
   # chunks. The same tokens for every value; 1 = a call per token. SD and SSD do not read it.
   ar_chunk: int = 4
+  # SD with a colocated draft that reads tokens: rounds per call (sd_chunk.py: verify and the next chain n times in
+  # one program). The same tokens for every value; 1 = a call per round. AR and SSD do not read it.
+  sd_chunk: int = 4
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -45,9 +48,11 @@ class DecodeOptions:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
     if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not -2**63 <= self.seed < 2**63:
       raise ValueError(f"seed must be an integer in [-2^63, 2^63) (JAX makes keys from 64 bits), got {self.seed!r}")
-    if isinstance(self.ar_chunk, bool) or not isinstance(self.ar_chunk, (int, np.integer)) or self.ar_chunk < 1:
-      raise ValueError(f"ar_chunk (AR steps per call) must be an integer >= 1, got {self.ar_chunk!r}")
-    object.__setattr__(self, "ar_chunk", int(self.ar_chunk))
+    for name, what in (("ar_chunk", "AR steps per call"), ("sd_chunk", "SD rounds per call")):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name} ({what}) must be an integer >= 1, got {v!r}")
+      object.__setattr__(self, name, int(v))
     e = self.eos_id.tolist() if isinstance(self.eos_id, np.ndarray) else self.eos_id
     ids = () if e is None else (e,) if isinstance(e, (int, np.integer, str)) or not np.iterable(e) else tuple(e)
     if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in ids):

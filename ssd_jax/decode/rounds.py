@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels.platform import device_platform
-from .base import SpecBook, StreamFn, cache_slots, pad_prompts
+from . import sd_chunk
+from .base import SpecBook, StreamFn, cache_slots, chunk_lookahead, pad_prompts
 from .options import DecodeOptions
 from .speculator import DraftJob, Outcome
 from .steps import VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, prefill, serve_q, stream_key, verify
@@ -42,15 +43,16 @@ class TargetSide:
   and dcfg. AR (k = 0) verifies in chunks of opts.ar_chunk steps, each chunk one call (`steps.ar_chunk`).
   """
 
-  def __init__(self, dec, tokens, lengths, opts: DecodeOptions):
+  def __init__(self, dec, tokens, lengths, opts: DecodeOptions, sd_rounds: int = 0):
     pl, cfg, k, b = dec.placement, dec.tcfg, dec.k, tokens.shape[0]
     self.dec, self.programs, self.fetch, self.rep = dec, dec.programs, pl.fetch, pl.to_target
     rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers,
                                       platform=device_platform(pl.target_mesh))
     self.chunk = opts.ar_chunk if k == 0 else 1
     # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back; a chunk of AR
-    # steps writes up to `chunk` entries past the text of a row that ends mid-chunk.
-    slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=max(k, self.chunk) + 2)
+    # steps writes up to `chunk` entries past the text of a row that ends mid-chunk, SD's chunks more (sd_chunk.py).
+    ahead = chunk_lookahead(k, sd_rounds) if sd_rounds > 1 else max(k, self.chunk) + 2
+    slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=ahead)
     self.cache = pl.target_cache(cfg, b, slots, dec.kv_dtype)
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
                                                          jnp.float32(opts.top_p)))
@@ -126,8 +128,12 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
   with link.session():
     # The draft side compiles its programs and sets up its cache while the target compiles its own.
     link.send("prepare", DraftJob([list(map(int, p)) for p in prompts], opts))
-    target = TargetSide(dec, tokens, lengths, opts)
+    n = opts.sd_chunk if sd_chunk.fusable(dec, link) else 0
+    target = TargetSide(dec, tokens, lengths, opts, n)
     link.receive()
+    chunks = sd_chunk.Chunks(target, link.side, n) if n > 1 else None
+    if chunks is not None:
+      chunks.compile()
     t0 = time.perf_counter()
     if dec.feature_layers:  # the draft's prefill reads the target's
       first, feats = target.prefill()
@@ -140,7 +146,10 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
     book = SpecBook(prompts, first, opts, dec.k, time.perf_counter())
     if stream is not None:
       stream(0, book.out[0][:])
-    timing = _rounds(target, link, book, first, stream, for_draft)
+    if chunks is not None:
+      timing = chunks.run(book, first, stream)
+    else:
+      timing = _rounds(target, link, book, first, stream, for_draft)
     link.send("stats")
     stats = link.receive()
   return RunResult(book, t_prefill, t0 + t_prefill, timing, stats)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .backup import choose_backup, new_tally, ngram_propose, point_mass, random_speculation, record_round
-from .base import SpecBook, cache_slots, pad_prompts
+from .base import SpecBook, cache_slots, chunk_lookahead, pad_prompts
 from .draft import DraftModel
 from .options import DecodeOptions, SpecOptions
 from .steps import DRAFT_STREAM, bonus_rank, compact_q, fold, lookup, merge_rows, serve_q, stream_key, tree_lookahead
@@ -163,8 +163,9 @@ class ChainDraft:
     """Compiles the run's programs and sets up the cache; returns the compile seconds so far."""
     self.prompts, self.opts = job.prompts, job.opts
     tokens, lengths = pad_prompts(job.prompts)
-    # K+1 lookahead slots: a round writes up to K+1 entries past the committed text.
-    slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=self.k + 2)
+    # K+1 lookahead slots: a round writes up to K+1 entries past the committed text; more for chunks of rounds.
+    ahead = self.k + 2 if job.opts.sd_chunk == 1 else chunk_lookahead(self.k, job.opts.sd_chunk)
+    slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=ahead)
     self.model.start(tokens, lengths, slots, job.opts, self.k, chain=True)
     self.root = self.model.put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
     return self.model.run.compile_seconds

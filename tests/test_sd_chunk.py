@@ -1,0 +1,100 @@
+"""SD in chunks of n rounds a call (DecodeOptions.sd_chunk, sd_chunk.py): the same tokens as a call per round,
+greedy and sampled, at batch 1 and on ragged batches whose rows stop mid-chunk; one call a chunk; greedy equals AR."""
+import jax
+import pytest
+
+from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
+from ssd_jax.decode import sd_chunk
+from ssd_jax.decode.base import Programs
+from ssd_jax.models import model
+from ssd_jax.models.config import tiny_config
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
+SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """A target and a draft that agrees with it often but not always (rounds accept different lengths)."""
+  cfg = tiny_config(vocab_size=64)
+  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
+  leaves, tree = jax.tree.flatten(tp)
+  keys = jax.random.split(jax.random.key(1), len(leaves))
+  dp = jax.tree.unflatten(tree, [x + 0.08 * jax.random.normal(kk, x.shape) for x, kk in zip(leaves, keys)])
+  return cfg, tp, dp
+
+
+def _dec(pair, k):
+  cfg, tp, dp = pair
+  return SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k))
+
+
+def _run(dec, prompts, n, **opts):
+  return [r.token_ids for r in dec.generate(prompts, DecodeOptions(sd_chunk=n, **opts))]
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("rows,k", [(1, 2), (4, 1), (4, 3)])
+def test_chunks_give_the_unfused_tokens(pair, setting, rows, k):
+  dec = _dec(pair, k)
+  prompts, opts = PROMPTS[:rows], dict(max_new_tokens=13, ignore_eos=True, **SETTINGS[setting])
+  ref = _run(dec, prompts, 1, **opts)
+  assert all(len(r) == 13 for r in ref)
+  for n in (2, 3, 4):
+    assert _run(dec, prompts, n, **opts) == ref, n
+  if setting == "greedy":
+    ar = [r.token_ids for r in ARDecoder(pair[0], pair[1]).generate(prompts, DecodeOptions(**opts))]
+    assert ref == ar
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_rows_stopping_mid_chunk(pair, setting):
+  """Stop ids taken from the unfused text end rows at different places inside chunks; the others run on to
+  max_new_tokens or their own stop."""
+  dec = _dec(pair, 2)
+  opts = dict(max_new_tokens=16, ignore_eos=True, **SETTINGS[setting])
+  free = _run(dec, PROMPTS, 1, **opts)
+  stops = (free[0][3], free[3][6])
+  opts.update(ignore_eos=False, eos_id=stops)
+  ref = _run(dec, PROMPTS, 1, **opts)
+  assert len({len(r) for r in ref}) > 1, ref
+  for n in (3, 4):
+    assert _run(dec, PROMPTS, n, **opts) == ref, n
+
+
+def test_one_call_a_chunk(pair, monkeypatch):
+  """Rounds run as sd_chunk calls (no separate verify or chain call after the first chain), n at a time until no
+  row needs n more tokens, then fewer (n/2, .., 1); target_forwards counts a forward a round."""
+  dec = _dec(pair, 2)
+  calls = []
+  call = Programs.__call__
+
+  def counting(self, fn, *args, **static):
+    calls.append((getattr(fn, "__name__", ""), static.get("n")))
+    return call(self, fn, *args, **static)
+
+  monkeypatch.setattr(Programs, "__call__", counting)
+  res = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=20, ignore_eos=True, sd_chunk=4))
+  names = [c[0] for c in calls]
+  assert "verify" not in names and names.count("chain_after") == 1, names
+  sizes = [n for name, n in calls if name == "sd_chunk"]
+  rounds = res[0].stats.extra["rounds"]
+  assert sum(sizes) >= rounds and sizes.count(4) >= 1 and sizes == sorted(sizes, reverse=True), sizes
+  assert res[0].stats.target_forwards == rounds + 1  # the prefill's, then one a round
+
+
+def test_not_fused_for_a_draft_reading_features():
+  """Only SD's colocated chain of a draft that reads tokens is fused."""
+  class Link:
+    remote = False
+
+  class Dec:
+    feature_layers, head, k = (3,), None, 2
+
+  assert not sd_chunk.fusable(Dec(), Link())
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_bad_chunk_refused(bad):
+  with pytest.raises(ValueError, match="sd_chunk"):
+    DecodeOptions(sd_chunk=bad)
