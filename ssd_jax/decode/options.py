@@ -37,7 +37,7 @@ class DecodeOptions:
   ar_chunk: int = 4
   # SD with a colocated draft that reads tokens: rounds per call (sd_chunk.py: verify and the next chain n times in
   # one program). The same tokens for every value; 1 = a call per round. AR and SSD do not read it.
-  sd_chunk: int = 4
+  sd_chunk: int = 8
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
