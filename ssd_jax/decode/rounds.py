@@ -67,7 +67,7 @@ class TargetSide:
     if self.chunk > 1:
       run.compile_only(ar_chunk, p, self.cache, z, rep(z > 0), fold_steps(self.verify_root, 1, self.chunk),
                        self.temp, self.top_p, n=self.chunk, **self.st)
-    else:
+    elif sd_rounds <= 1:  # SD in chunks of rounds runs sd_chunk's programs instead (compiled by sd_chunk.Chunks)
       run.compile_only(verify, p, self.cache, z, rep(jnp.zeros((b, k), jnp.int32)),
                        rep(jnp.zeros((b, k, cfg.vocab_size))), rep(z > 0), self.key, self.temp, self.top_p, **self.st)
     if dec.head is not None:
