@@ -1,27 +1,15 @@
 """SD in chunks of n rounds a call (DecodeOptions.sd_chunk, sd_chunk.py): the same tokens as a call per round,
 greedy and sampled, at batch 1 and on ragged batches whose rows stop mid-chunk; one call a chunk; greedy equals AR."""
-import jax
 import pytest
 
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 from ssd_jax.decode import sd_chunk
 from ssd_jax.decode.base import Programs
-from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
+import test_sd_chain
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
+pair = test_sd_chain.pair  # the fixture: a target and a draft that agree often but not always
 SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
-
-
-@pytest.fixture(scope="module")
-def pair():
-  """A target and a draft that agrees with it often but not always (rounds accept different lengths)."""
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  leaves, tree = jax.tree.flatten(tp)
-  keys = jax.random.split(jax.random.key(1), len(leaves))
-  dp = jax.tree.unflatten(tree, [x + 0.08 * jax.random.normal(kk, x.shape) for x, kk in zip(leaves, keys)])
-  return cfg, tp, dp
 
 
 def _dec(pair, k):
