@@ -321,9 +321,8 @@ class Runner:
         rows.append({"token_ids": toks, "stats": stats})
       return rows, 0.0
     spec, mode = spec_options(o), variant.mode
-    if spec.auto and mode != "ar":  # as generate_ids resolves it for this batch: 0 runs AR
-      chosen = self.choose(variant, ids)
-      mode, spec = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+    if spec.auto and mode != "ar":  # as generate_ids resolves it for a mode asked for by name
+      spec = spec.with_k(self.choose(variant, ids))
     elif mode in ("ar", "sd") and self.pipe.draft is not None:
       self.note_k(variant, ids, 0 if mode == "ar" else spec.k)
     dec = self.pipe.decoder(mode, spec)
@@ -338,7 +337,8 @@ class Runner:
     """Returns k='auto''s K for this batch (as generate_ids chooses it), noted (note_k)."""
     from ssd_jax.decode import auto_k
     prefix = auto_k.run_prefix([len(p) for p in ids], self.args.max_new_tokens)
-    return self.note_k(variant, ids, self.pipe.choose_k(len(ids), variant.opts["temperature"], prefix))
+    # A variant names its mode, as `decode.py --mode` does: k=auto picks its best K >= 1 (api.generate_ids).
+    return self.note_k(variant, ids, self.pipe.choose_k(len(ids), variant.opts["temperature"], prefix, at_least=1))
 
   def note_k(self, variant, ids, k: int) -> int:
     """Notes in self.auto_k[label] the K an AR (0), SD or k='auto' batch runs, with the cost model's expected SD

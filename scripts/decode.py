@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 
 from ssd_jax import distributed, settings
 from ssd_jax.cli_util import braces, check_output_file, fail, k_arg, run_main, split_cpu, warn
@@ -140,7 +141,8 @@ def ignored_options(args, mode: str) -> list[str]:
   unread = {"ar": DRAFT_ONLY + SSD_ONLY, "sd": SSD_ONLY}.get(mode, ())
   parser = make_parser()
   unread += ("draft",) if mode == "ar" and args.draft != "none" else ()
-  unread += ("ar_chunk",) if mode != "ar" and args.k != "auto" else ()  # k='auto' may run a batch as AR
+  # k='auto' may run a batch of the default mode as AR; a mode asked for by name runs as asked.
+  unread += ("ar_chunk",) if mode != "ar" and (args.k != "auto" or args.mode is not None) else ()
   unread += ("sd_chunk",) if mode != "sd" else ()
   return ["--" + d.replace("_", "-") for d in unread if getattr(args, d) != parser.get_default(d)]
 
@@ -201,7 +203,9 @@ def main(argv=None):
   plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec))
   pipe = api.load_prepared(plan)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
-  gens = pipe.generate(prompts, mode=mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
+  warnings.simplefilter("always", api.SlowerThanAR)  # one line each, as the CLI's other warnings
+  warnings.showwarning = lambda message, *_a, **_k: warn(str(message))
+  gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
                        top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size, ignore_eos=opts.ignore_eos,
                        ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk,
                        chat=not args.raw, stream=stream, spec=spec, **switches)

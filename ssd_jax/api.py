@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Callable, Sequence
 
 import numpy as np
@@ -29,6 +30,10 @@ from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
 from .settings import MODES, SSD_PLACEMENTS, WEIGHTS, LoadSettings, check_batch_size, check_mode
 from .sharding import Placement, make_placement
 from .models.tokenizer import TextTokenizer
+
+
+class SlowerThanAR(UserWarning):
+  """A speculative mode asked for by name with k='auto' is expected slower than AR at this batch; it runs."""
 
 __all__ = ["Generation", "LoadPlan", "LoadSettings", "LoadedModel", "MODES", "Pipeline", "Run", "SSD_PLACEMENTS",
            "WEIGHTS", "draft_dir", "load", "load_prepared", "load_tiny", "prepare", "resolve_weights"]
@@ -140,16 +145,37 @@ class Pipeline:
       raise ValueError("give either spec=SpecOptions(...) or its settings (k, fan_out, ...), not both")
     return spec
 
-  def choose_k(self, rows: int, temperature: float = 0.0, prefix: float | None = None) -> int:
+  def choose_k(self, rows: int, temperature: float = 0.0, prefix: float | None = None, at_least: int = 0) -> int:
     """Returns the K that k='auto' runs for a batch of `rows` prompts (0: plain AR) whose steps see `prefix` cached
     tokens on average (auto_k.run_prefix; None: auto_k.DEFAULT_PREFIX), from this machine's measured step costs
     (`bench.py --calibrate`; a conservative built-in choice without them) and the draft's acceptance at
-    `temperature` (its fan-out calibration); decode/auto_k.py."""
+    `temperature` (its fan-out calibration); decode/auto_k.py. at_least=1 for a mode asked for by name: the best
+    K >= 1 (AR is the default mode's choice only)."""
     if self.draft is None:
       return 0
     costs, a = self.auto_k_inputs(temperature)
     builtin = auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
-    return auto_k.choose_k(costs, rows, a, builtin=builtin, prefix=prefix)
+    return auto_k.choose_k(costs, rows, a, builtin=builtin, prefix=prefix, at_least=at_least)
+
+  def slower_than_ar(self, mode: str, k: int, rows: int, temperature: float = 0.0,
+                     prefix: float | None = None) -> str | None:
+    """Returns one line saying that `mode` at K `k` is expected slower than AR for a batch of `rows` (SD by the cost
+    model; SSD by its bound with every draft hidden, auto_k.ssd_speedup), or None where it is not (or AR)."""
+    if mode == "ar" or k == 0 or self.draft is None:
+      return None
+    costs, a = self.auto_k_inputs(temperature)
+    if costs is None:
+      builtin = auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
+      if builtin.get(rows, 0):
+        return None
+      why = "is not expected to beat AR here (no measured step costs: `bench.py --calibrate` measures them)"
+    else:
+      s = (auto_k.sd_speedup if mode == "sd" else auto_k.ssd_speedup)(costs, rows, k, a, prefix)
+      if s >= 1.0:
+        return None
+      why = f"is expected at {s:.2f}x AR on this machine"
+    return (f"{mode} at K={k} with {rows} row{'s' if rows > 1 else ''} {why}; running it as asked "
+            "(--mode ar, or no --mode, would be faster)")
 
   def auto_k_inputs(self, temperature: float = 0.0):
     """Returns (the cached step costs or None, the draft's acceptance at `temperature`) that choose_k weighs."""
@@ -180,15 +206,20 @@ class Pipeline:
     opts = DecodeOptions(eos_id=self.tokenizer.eos_ids if self.tokenizer else None, **options)
     spec = self.spec_options(spec, k=k, fan_out=fan_out, fan_out_miss=fan_out_miss,
                              fan_out_strategy=fan_out_strategy, backup=backup, saguaro_c=saguaro_c)
-    mode = mode or self.default_mode
+    asked, mode = mode is not None, mode or self.default_mode
     batches = []
     for i in range(0, len(prompts), batch_size):
       chunk = prompts[i:i + batch_size]
       m, s = mode, spec
-      if mode != "ar" and spec.auto:  # K for this batch's rows and context; 0: speculation would not pay, run AR
+      if mode != "ar" and spec.auto:
+        # K for this batch's rows and context. The default mode runs AR (K = 0) where speculation would not pay; a
+        # mode asked for by name runs, with its best K >= 1, and says so when AR is expected faster.
         prefix = auto_k.run_prefix([len(p) for p in chunk], opts.max_new_tokens)
-        chosen = self.choose_k(len(chunk), opts.temperature, prefix)
+        chosen = self.choose_k(len(chunk), opts.temperature, prefix, at_least=int(asked))
         m, s = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+        note = self.slower_than_ar(mode, chosen, len(chunk), opts.temperature, prefix) if asked else None
+        if note is not None:
+          warnings.warn(note, SlowerThanAR, stacklevel=2)
       dec = self.decoder(m, s)
       dec.check([len(p) for p in chunk], opts.max_new_tokens)
       batches.append((dec, chunk))
@@ -208,12 +239,13 @@ class Pipeline:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`: 'auto' by default, chosen per batch from this machine's step
-    costs, `choose_k`, 0 meaning AR; or an integer) or
+    costs, `choose_k`: the best K >= 1, with a SlowerThanAR warning where AR is expected faster; or an integer) or
     'ssd' (also `fan_out` bonus guesses per acceptance length: an int, or K+1 counts; `fan_out_miss` after a miss;
     `fan_out_strategy` 'geometric' spreads F*(K+1) guesses by Theorem 12 from the draft's calibration
     (scripts/calibrate_fan_out.py); `backup` 'neural', 'fast', 'ngram' or 'auto'; `saguaro_c` < 1 down-weights the
     draft's top tokens (Saguaro sampling); the draft runs where `ssd_placement` puts it); None: `default_mode` (the
-    fastest measured here; SD on a CPU with the shipped draft). spec: a SpecOptions instead of those loose settings.
+    fastest measured here; SD on a CPU with the shipped draft; with k='auto' it runs AR for a batch where no K is
+    expected to pay). spec: a SpecOptions instead of those loose settings.
     temperature 0 is greedy; chat=False feeds the text without the chat template; stream, if given, is called with
     each new piece of text of the first prompt. A row stops at any of the model's end-of-sequence ids
     (generation_config.json, config.json, the tokenizer's eos_token). enable_thinking: Qwen3's template switch (None:

@@ -2,6 +2,7 @@
 running what it chose (0: AR) with the same greedy tokens."""
 import dataclasses
 import os
+import warnings
 
 import pytest
 
@@ -29,6 +30,25 @@ def test_choose_k_follows_the_timing_model():
   tiny_gain = auto_k.StepCosts({1: 10.0}, {1: {t: 10.0 for t in range(2, 6)}}, {1: 0.0})
   assert 1 < auto_k.sd_speedup(tiny_gain, 1, 1, 0.18) < auto_k.MARGIN  # 1.18 x 10 / 11.5
   assert auto_k.choose_k(tiny_gain, 1, 0.18, k_max=1) == 0
+
+
+def test_a_mode_asked_for_gets_its_best_k_of_at_least_one():
+  """at_least=1 (an explicit sd/ssd): the K with the most expected speed among K >= 1, even below AR's."""
+  assert auto_k.choose_k(costs(1.0), 1, 0.8, at_least=1) == 1  # every K loses; K=1 loses least
+  # The same costs as the middle-K case above: K=2 is best with or without the floor.
+  assert auto_k.choose_k(costs(0.1, 0.05), 1, 0.5, at_least=1) == 2
+  assert [auto_k.choose_k(None, b, 0.5, at_least=1) for b in (1, 3, 8)] == [2, 1, 1]
+  assert auto_k.choose_k(None, 1, 0.5, builtin=auto_k.BUILTIN_K_BLOCKS, at_least=1) == 1
+  with pytest.raises(ValueError, match="at_least"):
+    auto_k.choose_k(None, 1, 0.5, k_max=1, at_least=2)
+
+
+def test_ssd_speedup_hides_the_draft():
+  c = costs(0.2, 0.1)
+  a, k = 0.6, 2
+  round_ms = 10.0 * (1 + 0.2 * 2) + auto_k.ROUND_OVERHEAD * 10.0  # no draft steps: every round a cache hit
+  assert auto_k.ssd_speedup(c, 1, k, a) == pytest.approx((1 + a + a * a) * 10.0 / round_ms)
+  assert auto_k.ssd_speedup(c, 1, k, a) > auto_k.sd_speedup(c, 1, k, a)
 
 
 def test_sd_speedup_is_tokens_over_time():
@@ -76,14 +96,23 @@ def test_pipeline_runs_the_chosen_k_per_batch(tmp_path, monkeypatch):
   prompts = [pipe.encode_prompt(p) for p in ("Hi", "Say something.", "abc", "x", "The end", "Once upon")]
   ar = [r.token_ids for r in pipe.generate_ids(prompts, mode="ar", max_new_tokens=8)]
 
-  def run(batch_size):
-    res = pipe.generate_ids(prompts, mode="sd", batch_size=batch_size, max_new_tokens=8)
+  assert pipe.default_mode == "sd"
+
+  def run(batch_size, mode=None):  # None: the default mode, which runs AR where no K pays
+    res = pipe.generate_ids(prompts, mode=mode, batch_size=batch_size, max_new_tokens=8)
     assert [r.token_ids for r in res] == ar
     return [(r.stats.mode, r.stats.extra.get("k")) for r in res]
 
   assert run(1) == [("sd", 2)] * 6
   assert run(6) == [("ar", None)] * 6
   assert run(4) == [("sd", 1)] * 4 + [("sd", 2)] * 2  # 4 rows, then a ragged batch of 2
+  # Asked for by name, SD runs at every batch (its best K >= 1), and says once that AR is expected faster.
+  with pytest.warns(api.SlowerThanAR, match=r"sd at K=1 with 6 rows is not expected to beat AR") as seen:
+    assert run(6, "sd") == [("sd", 1)] * 6
+  assert len(seen) == 1
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", api.SlowerThanAR)  # batch 1 is expected to pay: no warning
+    assert run(1, "sd") == [("sd", 2)] * 6
   path = pipe.step_costs_path()
   os.makedirs(os.path.dirname(path))
   with open(path, "w") as f:

@@ -137,6 +137,17 @@ def sd_speedup(costs, batch: int, k: int, a: float, prefix: float | None = None)
   (StepCosts or CostTable) read after `prefix` cached tokens. The loop's own time: a table's measured host_ms (an AR
   token's and an SD round's beyond their compiled steps, at every batch), else ROUND_OVERHEAD AR steps of one row a
   round (at the same prefix) and none for AR."""
+  return _speedup(costs, batch, k, a, prefix, draft_steps=k)
+
+
+def ssd_speedup(costs, batch: int, k: int, a: float, prefix: float | None = None) -> float:
+  """Returns SSD's expected tokens a second over AR's when every round hits its speculation cache: SD's round with
+  the draft's K steps hidden behind the verify (a miss adds its backup's). An upper bound: below 1.0 here, SSD is
+  slower than AR whatever its hit rate."""
+  return _speedup(costs, batch, k, a, prefix, draft_steps=0)
+
+
+def _speedup(costs, batch: int, k: int, a: float, prefix: float | None, draft_steps: int) -> float:
   if k == 0:
     return 1.0
   ar, verify, draft = costs.at(batch, prefix)
@@ -144,24 +155,27 @@ def sd_speedup(costs, batch: int, k: int, a: float, prefix: float | None = None)
     return 0.0
   host = getattr(costs, "host_ms", None)
   if host:
-    ar_ms, round_ms = ar + host["ar"], verify[k + 1] + k * draft + host["round"]
+    ar_ms, round_ms = ar + host["ar"], verify[k + 1] + draft_steps * draft + host["round"]
   else:
-    ar_ms, round_ms = ar, verify[k + 1] + k * draft + ROUND_OVERHEAD * costs.at(1, prefix)[0]
+    ar_ms, round_ms = ar, verify[k + 1] + draft_steps * draft + ROUND_OVERHEAD * costs.at(1, prefix)[0]
   return expected_tokens(a, k) * max(ar_ms, 1e-6) / max(round_ms, 1e-6)
 
 
 def choose_k(costs, batch: int, a: float, k_max: int = K_MAX, builtin: dict = BUILTIN_K,
-             prefix: float | None = None) -> int:
+             prefix: float | None = None, at_least: int = 0) -> int:
   """Returns the K (0 = AR) with the most expected tokens a second at `batch` rows after `prefix` cached tokens
-  (StepCosts or CostTable `costs`); `builtin` without costs."""
+  (StepCosts or CostTable `costs`); `builtin` without costs. at_least=1: a speculative mode asked for explicitly,
+  whose K is the best K >= 1 even where none beats AR (AR is chosen only for the default mode)."""
   if batch < 1:
     raise ValueError(f"batch must be >= 1, got {batch}")
+  if at_least > k_max:
+    raise ValueError(f"at_least {at_least} is above k_max {k_max}")
   if costs is None:
-    return min(builtin.get(batch, 0), k_max)
+    return min(max(builtin.get(batch, 0), at_least), k_max)
   best, best_speedup = 0, MARGIN
   for k in range(1, k_max + 1):
     s = sd_speedup(costs, batch, k, a, prefix)
-    if s > best_speedup:
+    if s > best_speedup or best < at_least:
       best, best_speedup = k, s
   return best
 
