@@ -47,13 +47,16 @@ def test_split_greedy_equals_ar(pair):
     assert ex["backups_used"][backup] >= 1
     assert ex["cache_hit_rate"] > 0  # both kinds of round happened
     assert ex["speculation_cache_bytes"] >= 4 * len(PROMPTS) * 10 * 3 * 40  # 10 branches x K=3 x 40 head rows
-    assert ex["bytes_per_round"]["draft_to_target"] >= 4 * len(PROMPTS) * 3 * 40
-    # Where the target's wait went: each phase of the draft's replies lies inside the target's waits.
-    reply = ex["draft_reply_seconds"]
-    assert set(reply) == {"commit", "tree_wait", "lookup", "backup", "serve"} and min(reply.values()) >= 0
-    assert reply["backup"] > 0 and reply["lookup"] > 0
-    assert sum(reply.values()) <= ex["target_idle_seconds"] + ex["draft_wait_seconds"] + 1e-3
-    assert 0 <= ex["target_commit_seconds"] <= ex["draft_wait_seconds"]
+    # At temperature 0 no law crosses: the cache's guesses and tokens (10 branches x K=3), and a miss's tokens.
+    assert 4 * len(PROMPTS) * 10 * 3 <= ex["bytes_per_round"]["draft_to_target"] < 4 * len(PROMPTS) * 3 * 40
+    # Where the target's idle time went, part by part; the draft side's phases are its own (mostly hidden).
+    parts, phases = ex["round_parts_seconds"], ex["draft_phase_seconds"]
+    assert sum(parts.values()) == pytest.approx(ex["target_idle_seconds"], abs=2e-3)
+    assert parts["backup_wait"] > 0 and parts["lookup"] > 0 and min(parts.values()) >= 0
+    assert parts["cache_wait"] + parts["backup_wait"] == pytest.approx(ex["draft_wait_seconds"], abs=2e-3)
+    assert set(phases) == {"commit", "tree_wait", "send", "lookup", "backup", "serve"} and min(phases.values()) >= 0
+    assert phases["backup"] > 0 and phases["lookup"] > 0
+    assert 0 < ex["hit_rounds"] < ex["rounds"]
     # A second call reuses the same draft process.
     assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]
     # The draft process stops its rows where the target does, at the first of several stop ids.
@@ -82,6 +85,8 @@ def test_split_temperature_one_matches_target_joint_distribution():
   finally:
     dec.close()
   hr = np.mean([r.stats.extra["cache_hit_rate"] for r in res])
+  # At temperature 1 the cache's laws cross: at least one law over the draft's head a row per round.
+  assert res[0].stats.extra["bytes_per_round"]["draft_to_target"] >= 4 * LAW_ROWS * dcfg.out_vocab
   assert 0.05 < hr < 0.98  # both hit and miss rounds contribute (thousands of each)
   assert_joint_matches_target(np.asarray([r.token_ids[:3] for r in res]), tp, cfg, prompt)
 

@@ -125,6 +125,16 @@ def summarize_runs(runs: list[dict]) -> dict:
     # Idle time is measured once per batch: take it from each run's first row.
     idle = sum(r["rows"][0]["stats"]["target_idle_seconds"] for r in runs)
     out["target_idle_fraction"] = idle / seconds if seconds > 0 else 0.0
+    # The speed with the target never idle (every round a verify and nothing else), and the round by part.
+    out["zero_idle_tokens_per_second"] = tokens / (seconds - idle) if seconds > idle else 0.0
+    first = [r["rows"][0]["stats"] for r in runs]
+    if all("round_parts_seconds" in s for s in first):
+      n = max(sum(s["rounds"] for s in first), 1)
+      out["round_ms"] = {"verify": 1e3 * sum(s["verify_seconds"] for s in first) / n,
+                         **{p: 1e3 * sum(s["round_parts_seconds"][p] for s in first) / n
+                            for p in first[0]["round_parts_seconds"]},
+                         "draft_tree": 1e3 * sum(s["draft_tree_seconds"] for s in first) / n}
+      out["hit_round_fraction"] = sum(s["hit_rounds"] for s in first) / n
   return out
 
 
@@ -317,6 +327,26 @@ def _fmt(x, spec=".2f") -> str:
   return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def round_table(result: dict) -> list[str]:
+  """Returns the lines of SSD's round by part (ms per round, on the target's critical path between a verify's result
+  and the next dispatch; the draft's tree time beside the verify's), with the zero-idle speed beside the measured."""
+  by = result["summary"]["by_variant"]
+  ssd = [(v["label"], by[v["label"]].get("all", {})) for v in result["variants"]]
+  ssd = [(x, f) for x, f in ssd if "round_ms" in f]
+  if not ssd:
+    return []
+  parts = [p for p in ssd[0][1]["round_ms"] if p not in ("verify", "draft_tree")]
+  lines = ["", "SSD's round, ms per round (target idle = " + " + ".join(parts) + "):", "",
+           "| variant | verify | " + " | ".join(parts) + " | draft tree | hit rounds | tok/s | zero-idle tok/s |",
+           "|---|" + "---|" * (len(parts) + 5)]
+  for x, f in ssd:
+    r = f["round_ms"]
+    lines.append(f"| {x} | {r['verify']:.2f} | " + " | ".join(f"{r[p]:.2f}" for p in parts)
+                 + f" | {r['draft_tree']:.2f} | {_fmt(f.get('hit_round_fraction'))} | "
+                 f"{_fmt(f.get('tokens_per_second'))} | {_fmt(f.get('zero_idle_tokens_per_second'))} |")
+  return lines
+
+
 def markdown(result: dict) -> str:
   """Returns the paper-style table: tokens/s per variant and dataset, ratios, tokens/forward, hits, idle."""
   summ, datasets = result["summary"], result["datasets"] + ["all"]
@@ -338,6 +368,7 @@ def markdown(result: dict) -> str:
                  f"{_fmt(f.get('tokens_per_target_forward'))} | {_fmt(f.get('acceptance_rate'))} | "
                  f"{_fmt(f.get('cache_hit_rate'))} | {_fmt(f.get('target_idle_fraction'))} | {_fmt(pred)} | "
                  f"{_fmt(f.get('compile_seconds'), '.1f')} | {_fmt(warm, '.1f')} |")
+  lines += round_table(result)
   agree = summ.get("greedy_agreement") or {}
   if agree:
     lines.append("")

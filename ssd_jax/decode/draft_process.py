@@ -8,14 +8,17 @@ a socket pair wrapped in a `multiprocessing` Connection (Python's standard, well
 two-process `jax.distributed` run would need both sides to enter the same collective program every round, which
 does not fit two different programs running side by side). Per round only what the algorithm needs crosses:
 
+  draft -> target: the speculation cache, unasked, as soon as the child's tree is built (while the target
+                   verifies): every branch's guess and K tokens, and at temperature > 0 their distributions over the
+                   draft's head vocabulary ([B, N, K, V_head] float32); the target looks its outcome up in it and,
+                   on a hit, dispatches the next verify before anything else;
   target -> draft: the Outcome (accepted length k and bonus token t* per row, the verify time for the automatic
                    backup choice, and for an EAGLE draft the target's features of the K+1 verified positions,
                    [B, K+1, n_feat * d] float32);
-  draft -> target: the next Speculation, K tokens per row and the distributions they were drawn from (over the
-                   draft's head vocabulary when it has one: [B, K, V_head] float32).
+  draft -> target: the reply: HIT (the child found the same hits and drafts on from the cached speculation), or on
+                   a miss the backup's Speculation (K tokens a row, and at temperature > 0 their distributions).
 
-The child dispatches the tree for the speculation it just served right after replying and then waits on the pipe,
-so its drafting overlaps verification on other cores.
+So per verify the target reads one cache and one reply, and on a hit waits for neither beyond the cache's arrival.
 """
 from __future__ import annotations
 
@@ -122,6 +125,10 @@ class DraftProcess:
   def draft_ahead(self) -> None:
     pass  # the child dispatches its tree as soon as it has replied
 
+  def cache(self):
+    """Returns the speculation cache the child sent once its tree was built (speculator.SpecCache)."""
+    return self.receive()
+
   def close(self):
     """Stops the draft process."""
     if self._proc is not None:
@@ -162,8 +169,10 @@ def worker_entry(fd: str, cores: str):
       else:
         reply = getattr(side, call)(arg)
       conn.send(("ok", reply.to_host() if isinstance(reply, Speculation) else reply))
-      if side is not None:
-        side.draft_ahead()  # after the reply: the target verifies while this drafts
+      # After the reply the target verifies while this drafts; the cache goes to the target as soon as it is
+      # built, unasked, so that the target finds the next speculation there the moment its verify ends.
+      if side is not None and side.draft_ahead():
+        conn.send(("ok", side.cache()))
     except Exception:
       conn.send(("error", traceback.format_exc()))
 
@@ -172,4 +181,4 @@ def _tree_draft(cfg, params, spec, attn_impl, calibration, record_ranks) -> Tree
   dev = jax.devices()[0]
   model = make_draft_model(cfg, params, attn_impl, lambda x: jax.device_put(x, dev), Programs(),
                            platform=device_platform(dev))
-  return TreeDraft(model, spec, calibration, record_ranks)
+  return TreeDraft(model, spec, calibration, record_ranks, host_cache=True)

@@ -21,8 +21,9 @@ from ..kernels.platform import device_platform
 from . import sd_chunk
 from .base import SpecBook, StreamFn, cache_slots, chunk_lookahead, pad_prompts
 from .options import DecodeOptions
-from .speculator import DraftJob, Outcome
-from .steps import VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, prefill, serve_q, stream_key, verify
+from .speculator import HIT, DraftJob, Outcome, cached_tokens, find
+from .steps import (VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, pick_branch, prefill, serve_q, stream_key,
+                    verify)
 
 
 @dataclasses.dataclass
@@ -59,6 +60,7 @@ class TargetSide:
     self.tokens, self.lengths = rep(tokens), rep(lengths)
     self.verify_root = rep(stream_key(opts.seed, VERIFY_STREAM))  # placed: each round's fold stays there
     self._active = None  # stage's placed active rows, with the book's done flags they were placed for
+    self._zero_q = None  # the q a verify gets at temperature 0 (it reads tokens only)
     z = rep(jnp.zeros((b,), jnp.int32))
     run, p = self.programs, dec.tparams
     # Everything the loop needs compiles before the clock starts.
@@ -98,11 +100,28 @@ class TargetSide:
     return self.rep(last), self._active[1], key
 
   def to_target(self, spec):
-    """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices."""
-    tokens, q = self.rep(spec.tokens), self.rep(spec.q)
+    """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices (q None: temperature 0,
+    where the verify reads tokens only; it gets zeros placed once)."""
+    return self.rep(spec.tokens), self._q(spec.q)
+
+  def from_cache(self, cache, branch, tokens):
+    """Returns (tokens [B, K], q [B, K, V]) on the target's devices for the speculation cache's rows `branch` [B]
+    (speculator.find), `tokens` [B, K] their tokens: q picked from the cache where it lies (a host array from a draft
+    process; on the draft's device in this process) and widened from the draft's head vocabulary here."""
+    q = cache.q
+    if q is not None:
+      q = q[np.arange(len(branch)), branch] if isinstance(q, np.ndarray) else self.programs(pick_branch, q, branch)
+    return self.rep(tokens), self._q(q)
+
+  def _q(self, q):
+    if q is None:
+      if self._zero_q is None:
+        self._zero_q = self.rep(jnp.zeros((self.tokens.shape[0], self.dec.k, self.dec.tcfg.vocab_size)))
+      return self._zero_q
+    q = self.rep(q)
     if q.shape[-1] != self.dec.tcfg.vocab_size:
       q = self.programs(serve_q, self.dec.head, q, cfg=self.dec.dcfg)
-    return tokens, q
+    return q
 
   def verify(self, tokens, q, bonus_prev, active, key):
     """Dispatches the verify of `tokens` (a chunk of AR steps: `key` holds its steps' keys, stage); returns
@@ -148,6 +167,8 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
       stream(0, book.out[0][:])
     if chunks is not None:
       timing = chunks.run(book, first, stream)
+    elif not link.sync:  # a draft side that drafts ahead (SSD)
+      timing = _ssd_rounds(target, link, book, first, stream, for_draft)
     else:
       timing = _rounds(target, link, book, first, stream, for_draft)
     link.send("stats")
@@ -193,6 +214,97 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
     spec = link.receive()
     t["wait"] += time.perf_counter() - t_verified
   return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=target.programs.compile_seconds)
+
+
+# The parts of SSD's round on the target's critical path, between a verify's result and the next dispatch.
+ROUND_PARTS = ("commit", "cache_wait", "lookup", "backup_wait", "to_target", "dispatch")
+
+
+def _ssd_rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) -> dict:
+  """SSD's rounds: the draft side's speculation cache comes to the target (link.cache) while the target verifies;
+  when the verify ends the target commits its outcome, looks it up there itself and, when every live row hits,
+  dispatches the next verify at once, and only then sends the outcome to the draft side (which finds the same hits
+  and drafts the next tree). A miss sends the outcome first and waits for the backup's speculation.
+
+  Returns the target's timings: `idle` its time from a verify's result to the next dispatch, `parts` that time by
+  part (ROUND_PARTS), `verify` dispatch to result, `wait` its waits on the draft side (cache and backup), hits."""
+  t = dict.fromkeys(("idle", "wait", "verify", "commit"), 0.0)
+  parts = dict.fromkeys(ROUND_PARTS, 0.0)
+  bytes_in = bytes_out = rnd = hit_rounds = 0
+  link.send("first", first)
+  spec = link.receive()
+  if spec is None:
+    return dict(t, parts=parts, rounds=0, hit_rounds=0, bytes_in=0, bytes_out=0,
+                compile=target.programs.compile_seconds)
+  bytes_in += _nbytes(spec)
+  rnd, last, served = 1, target.first, spec.tokens
+  nxt = target.stage(book, rnd, last)
+  tokens, q = target.to_target(spec)
+  t_dispatch = time.perf_counter()
+  acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
+  link.draft_ahead()
+  while True:
+    last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+    feats = for_draft(feats)
+    t_verified = time.perf_counter()
+    t["verify"] += t_verified - t_dispatch
+    book.commit(acc, bonus, np.asarray(served), t_verified, stream)
+    t_commit = time.perf_counter()
+    cache = link.cache()  # built while the verify ran: normally here already
+    t_cache = time.perf_counter()
+    bytes_in += cache.nbytes
+    outcome = Outcome(acc, bonus, t_verified - t_dispatch, feats)
+    bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    parts["commit"] += t_commit - t_verified
+    parts["cache_wait"] += t_cache - t_commit
+    if book.done.all():
+      link.send("outcome", outcome)
+      _expect(link.receive(), None)
+      break
+    rnd += 1
+    hit, branch = find(cache, acc, bonus)
+    nxt = target.stage(book, rnd, last)
+    was_hit = bool(hit[~book.done].all())
+    if was_hit:
+      hit_rounds += 1
+      served = cached_tokens(cache, branch)
+      tokens, q = target.from_cache(cache, branch, served)
+      t_found = t_sent = time.perf_counter()
+    else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
+      t_found = time.perf_counter()
+      link.send("outcome", outcome)
+      spec = link.receive()
+      t_sent = time.perf_counter()
+      bytes_in += _nbytes(spec)
+      served = spec.tokens
+      tokens, q = target.to_target(spec)
+    t_ready = time.perf_counter()
+    acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
+    t_dispatch = time.perf_counter()
+    parts["lookup"] += t_found - t_cache
+    parts["backup_wait"] += t_sent - t_found
+    parts["to_target"] += t_ready - t_sent
+    parts["dispatch"] += t_dispatch - t_ready
+    t["idle"] += t_dispatch - t_verified
+    t["wait"] += (t_cache - t_commit) + (t_sent - t_found)
+    t["commit"] += t_commit - t_verified
+    if was_hit:  # the outcome goes to the draft side once the next verify runs
+      link.send("outcome", outcome)
+      _expect(link.receive(), HIT)
+    link.draft_ahead()
+  return dict(t, parts=parts, rounds=rnd, hit_rounds=hit_rounds, bytes_in=bytes_in, bytes_out=bytes_out,
+              compile=target.programs.compile_seconds)
+
+
+def _nbytes(spec) -> int:
+  return spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
+
+
+def _expect(reply, want) -> None:
+  """Checks the draft side's reply to an outcome against what the target found (the same lookup on both sides)."""
+  if reply is not want and reply != want:
+    raise RuntimeError(f"the draft side replied {type(reply).__name__} to an outcome where the target expected "
+                       f"{want!r}: the two sides' books or caches disagree")
 
 
 def _for_draft(dec, link):

@@ -22,7 +22,8 @@ from .backup import choose_backup, new_tally, ngram_propose, point_mass, random_
 from .base import SpecBook, cache_slots, chunk_lookahead, pad_prompts
 from .draft import DraftModel
 from .options import DecodeOptions, SpecOptions
-from .steps import DRAFT_STREAM, bonus_rank, compact_q, fold, lookup, merge_rows, serve_q, stream_key, tree_lookahead
+from .steps import (DRAFT_STREAM, bonus_rank, compact_q, fold, merge_rows, pick_branch, serve_q, stream_key,
+                    tree_lookahead)
 
 
 @dataclasses.dataclass
@@ -54,7 +55,37 @@ class Speculation:
   #               vocabulary when all their mass lies there (steps.serve_q expands it on the target's side)
 
   def to_host(self) -> "Speculation":
-    return Speculation(np.asarray(self.tokens), np.asarray(self.q))
+    return Speculation(np.asarray(self.tokens), None if self.q is None else np.asarray(self.q))
+
+
+HIT = "hit"  # a TreeDraft's reply to an outcome every live row found in its speculation cache
+
+
+@dataclasses.dataclass
+class SpecCache:
+  """The speculation cache a TreeDraft built while the target verified, as it crosses to the target's side
+  (N = sum of the fan-out; V_out: the draft's head vocabulary): the target looks its verify's outcome up itself."""
+  cand: np.ndarray      # [B, N] the bonus token each branch guesses
+  branch_j: np.ndarray  # [N] the acceptance length each branch guesses
+  tokens: np.ndarray    # [B, N, K] the speculation drafted after each guess
+  q: Any = None         # [B, N, K, V_out] their exact distributions (a host array from a draft process, the draft
+  #                       device's array in this process); None at temperature 0, where the verify reads tokens only
+
+  @property
+  def nbytes(self) -> int:
+    return sum(int(x.nbytes) for x in (self.cand, self.branch_j, self.tokens, self.q) if x is not None)
+
+
+def find(cache: SpecCache, accept_len, bonus):
+  """Returns (hit [B] bool, branch [B]: the branch of each row's outcome, 0 where it missed) for verify outcomes
+  (accept_len, bonus) [B] in `cache`: what steps.lookup does on the device, here on the host in microseconds."""
+  match = (cache.branch_j[None, :] == np.asarray(accept_len)[:, None]) & (cache.cand == np.asarray(bonus)[:, None])
+  return match.any(-1), match.argmax(-1)
+
+
+def cached_tokens(cache: SpecCache, branch) -> np.ndarray:
+  """Returns [B, K]: each row's speculation at its branch (find)."""
+  return cache.tokens[np.arange(len(branch)), branch]
 
 
 class DraftSide(Protocol):
@@ -103,6 +134,10 @@ class InProcessDraft:
   def draft_ahead(self) -> None:
     """Lets the draft start on the next round now that the target has dispatched its verify."""
     self.side.draft_ahead()
+
+  def cache(self) -> "SpecCache":
+    """Returns the speculation cache the draft side built while the target verified (it waits for the tree)."""
+    return self.side.cache()
 
   def close(self) -> None:
     pass
@@ -217,17 +252,24 @@ def hit_stats(hits, hits_by_len, rounds_by_len, i: int) -> dict:
 
 class TreeDraft:
   """SSD's draft side: while the target verifies a speculation, it drafts the next one for every likely outcome
-  (the speculation cache); an outcome found there is served at once (a hit), otherwise the backup speculator drafts
-  (a miss). Every served token comes with the exact distribution it was drawn from, so verification stays exact."""
+  (the speculation cache) and hands that cache to the target's side (`cache`), which looks its outcome up itself and
+  dispatches the next verify at once on a hit. The outcome then reaches this side (`outcome`), which finds it in the
+  same cache (the same hits as the target's), commits it and drafts the next tree; on a miss it serves the backup
+  speculator's speculation instead (rows that hit keep their cached one). Every served token comes with the exact
+  distribution it was drawn from, so verification stays exact; at temperature 0 the verify reads tokens only, and no
+  distribution crosses."""
 
   drafts_ahead = True
 
   def __init__(self, model: DraftModel, spec: SpecOptions, calibration: dict | None = None,
-               record_ranks: bool = False):
+               record_ranks: bool = False, host_cache: bool = False):
+    """host_cache: the cache's distributions go to the target as host arrays (a draft process), else they stay on
+    the draft's device until the target picks the served rows."""
     self.model, self.spec, self.k = model, spec, spec.k
     self.calibration = calibration    # the draft's fan-out calibration (geometric fan-out)
     self.record_ranks = record_ranks  # calibration: keep (accept_len, bonus rank) of every round
-    self.pending = None
+    self.host_cache = host_cache
+    self.pending = self.tree = None
 
   # ------------------------------------------------------------------------------------------------ a run's start
 
@@ -235,7 +277,8 @@ class TreeDraft:
     """Compiles the run's programs and sets up the cache; returns the compile seconds so far."""
     k, cfg, put, run = self.k, self.model.cfg, self.model.put, self.model.run
     self.prompts, self.opts, b = job.prompts, job.opts, len(job.prompts)
-    self.pending = None
+    self.pending = self.tree = None
+    self.greedy = job.opts.temperature == 0  # the verify reads no q: none is picked, compacted or sent
     self.f, self.f_miss = self.spec.fan_outs(self.calibration, job.opts.temperature)
     # Saguaro sampling's rescaled set: the cached candidates plus the drafted token (which the fork excludes).
     saguaro_top = 0 if self.spec.saguaro_c == 1 else max(max(self.f), max(self.f_miss)) + 1
@@ -244,16 +287,16 @@ class TreeDraft:
     self.model.start(tokens, lengths, slots, job.opts, k, (self.f, self.f_miss), self.spec.saguaro_c, saguaro_top)
     self.root = put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
     n, v, v_out = sum(self.f), cfg.vocab_size, cfg.out_vocab
-    z = np.zeros(b, np.int32)
     zk, zq = put(jnp.zeros((b, k), jnp.int32)), put(jnp.zeros((b, k, v)))
     run.compile_only(random_speculation, put(self.root), batch=b, k=k, vocab=v)
     run.compile_only(point_mass, zk, vocab=v)
-    run.compile_only(lookup, put(jnp.zeros((b, n), jnp.int32)), put(jnp.zeros((n,), jnp.int32)),
-                     put(jnp.zeros((b, n, k), jnp.int32)), put(jnp.zeros((b, n, k, v_out))), z, z)
-    run.compile_only(serve_q, self.model.params, put(jnp.zeros((b, k, v_out))), cfg=cfg)
-    run.compile_only(merge_rows, put(jnp.zeros(b, bool)), zk, zq, zk, zq)
-    if cfg.head_vocab is not None:
-      run.compile_only(compact_q, zq, self.model.params["head_ids"])
+    if not self.greedy:
+      for f in dict.fromkeys((self.f, self.f_miss)):
+        run.compile_only(pick_branch, put(jnp.zeros((b, sum(f), k, v_out))), np.zeros(b, np.int32))
+      run.compile_only(serve_q, self.model.params, put(jnp.zeros((b, k, v_out))), cfg=cfg)
+      run.compile_only(merge_rows, put(jnp.zeros(b, bool)), zk, zq, zk, zq)
+      if cfg.head_vocab is not None:
+        run.compile_only(compact_q, zq, self.model.params["head_ids"])
     return run.compile_seconds
 
   def prefill(self, features=None) -> None:
@@ -269,13 +312,13 @@ class TreeDraft:
     self.tally, self.row_hit = new_tally(), None  # row_hit: rows the last round served from the cache
     self.ranks = [[] for _ in range(b)]
     self.tree_s, self.cache_bytes, self.rnd = 0.0, 0, 0
-    # Host time per phase of the reply to an outcome (what the target waits through), summed over rounds.
-    self.phase_s = {p: 0.0 for p in ("commit", "tree_wait", "lookup", "backup", "serve")}
+    # Host time per phase of this side's round (the target waits through them only on a miss).
+    self.phase_s = {p: 0.0 for p in ("commit", "tree_wait", "send", "lookup", "backup", "serve")}
     if self.book.done.all():
       return None
     self.served = self.backup_kind = choose_backup(self.spec.backup, self.tally, b)
     tok, q = self._backup(self.served)
-    return self._serve(tok, q)
+    return self._serve(np.asarray(tok), q)
 
   def _key(self, *idx):
     """Returns the draft's key for (round, use): use 1 = tree, 2 = neural backup, 3 = fast backup."""
@@ -283,57 +326,72 @@ class TreeDraft:
 
   # ------------------------------------------------------------------------------------------------- each round
 
-  def draft_ahead(self) -> None:
-    """Dispatches the tree for the speculation just served (the target is verifying it meanwhile), if any."""
+  def draft_ahead(self) -> bool:
+    """Dispatches the tree for the speculation just served (the target is verifying it meanwhile), if any; returns
+    whether it did."""
     if self.pending is None:
-      return
+      return False
     tok, self.pending = self.pending, None
     window, lens = self.book.state(self.model.window)
     self.tree_dispatch = time.perf_counter()
     self.tree = self.model.tree(window, tok, lens, self._key(self.rnd + 1, 1),
                                 self.f if self.served == "hit" else self.f_miss)
+    return True
 
-  def outcome(self, o: Outcome) -> Speculation | None:
-    """Returns the speculation for the next round: the cached one on a hit, else the backup's; None when done."""
+  def cache(self, _=None) -> SpecCache:
+    """Waits for the tree `draft_ahead` dispatched; returns it as the speculation cache the target looks its
+    outcome up in (kept here too: `outcome` finds the same hits in it)."""
+    t = time.perf_counter()
+    tree = self.tree
+    cand, branch_j, tokens = (np.asarray(x) for x in (tree.cand, tree.branch_j, tree.tokens))
+    t_tree = time.perf_counter()
+    self.tree_s += t_tree - self.tree_dispatch
+    self.phase_s["tree_wait"] += t_tree - t
+    q = None if self.greedy else (np.asarray(tree.q) if self.host_cache else tree.q)
+    self.sent = SpecCache(cand, branch_j, tokens, q)
+    self.cache_bytes = max(self.cache_bytes, int(cand.nbytes + tokens.nbytes + tree.q.nbytes))
+    self.phase_s["send"] += time.perf_counter() - t_tree
+    return self.sent
+
+  def outcome(self, o: Outcome) -> Speculation | str | None:
+    """Commits the outcome; returns HIT when every live row found it in the cache (the target, which found the
+    same, is already verifying the cached speculation), else the speculation to verify next (backups for the rows
+    that missed); None when every row is done."""
     t_recv = time.perf_counter()
     self.rnd += 1
     self.tally["verify_s"] += o.verify_seconds
     self.tally["verify_n"] += 1
     live = ~self.book.done
     lens_before = observe(self.model, self.book, o)
-    self.book.commit(o.accept_len, o.bonus, self.model.fetch(self.served_tokens), t_recv)
+    self.book.commit(o.accept_len, o.bonus, self.served_host, t_recv)
     record_round(self.tally, self.backup_kind, live, self.book.seqs, lens_before, self.row_hit)
     t_in = time.perf_counter()
-    tree = self.tree
-    tree.tokens.block_until_ready()
-    t_tree = time.perf_counter()
     self.phase_s["commit"] += t_in - t_recv
-    self.phase_s["tree_wait"] += t_tree - t_in
-    self.tree_s += t_tree - self.tree_dispatch
-    self.cache_bytes = max(self.cache_bytes, sum(x.nbytes for x in (tree.cand, tree.tokens, tree.q)))
     if self.book.done.all():
       return None
-    # The outcome goes in as host arrays: the compiled call copies them in, one dispatch instead of three.
     acc, bonus = np.asarray(o.accept_len, np.int32), np.asarray(o.bonus, np.int32)
-    hit, c_tok, c_q = self.model.run(lookup, tree.cand, tree.branch_j, tree.tokens, tree.q, acc, bonus)
+    hit, branch = find(self.sent, acc, bonus)
     if self.record_ranks:
-      self._record_ranks(tree, acc, bonus, live)
-    hit_np = np.asarray(hit)
-    self.phase_s["lookup"] += time.perf_counter() - t_tree
+      self._record_ranks(self.tree, acc, bonus, live)
     for i in np.flatnonzero(live & ~self.book.done):
-      self.hits[i] += hit_np[i]
+      self.hits[i] += hit[i]
       self.rounds_by_len[i, acc[i]] += 1
-      self.hits_by_len[i, acc[i]] += hit_np[i]
-    self.row_hit = hit_np.astype(bool)
-    if hit_np[~self.book.done].all():  # the cache holds q over the head vocabulary: it is served as it is
+      self.hits_by_len[i, acc[i]] += hit[i]
+    self.row_hit = hit
+    cached = cached_tokens(self.sent, branch)
+    self.phase_s["lookup"] += time.perf_counter() - t_in
+    if hit[~self.book.done].all():
       self.served = "hit"
-      return self._serve(c_tok, c_q, compact=True)
+      self._serve(cached, None)
+      return HIT
     # A backup for every row; rows that hit keep their cached speculation. A miss stalls the live rows only.
     self.served = self.backup_kind = choose_backup(self.spec.backup, self.tally, int((~self.book.done).sum()))
-    c_q = self.model.run(serve_q, self.model.params, c_q, cfg=self.model.cfg)
     tok, q = self._backup(self.served)
-    tok, q = self.model.run(merge_rows, hit, c_tok, c_q, tok, q)
-    return self._serve(tok, q)
+    if not self.greedy:  # the rows that hit keep their cached law, widened to the full vocabulary as the backup's
+      m = self.model
+      c_q = m.run(serve_q, m.params, m.run(pick_branch, self.tree.q, branch), cfg=m.cfg)
+      q = m.run(merge_rows, m.put(hit), m.put(cached), c_q, m.put(np.asarray(tok)), q)[1]
+    return self._serve(np.where(hit[:, None], cached, np.asarray(tok)), q)
 
   def _backup(self, kind: str):
     """Returns (tokens [B, K], q [B, K, V]) from the backup speculator `kind` for this round's outcome."""
@@ -347,29 +405,29 @@ class TreeDraft:
     elif kind == "fast":
       tok, q = run(random_speculation, m.put(self._key(self.rnd, 3)), batch=len(self.prompts), k=k, vocab=v)
     else:
-      tok = m.put(jnp.asarray([ngram_propose(s, k) for s in self.book.seqs], jnp.int32))
-      q = run(point_mass, tok, vocab=v)
+      tok = np.asarray([ngram_propose(s, k) for s in self.book.seqs], np.int32)
+      q = None if self.greedy else run(point_mass, m.put(tok), vocab=v)
     self.backups_used[kind] += 1
     self.phase_s["backup"] += time.perf_counter() - t
     return tok, q
 
-  def _serve(self, tok, q, compact: bool = False) -> Speculation:
-    """Returns the speculation to serve, and keeps its tokens for the tree `draft_ahead` dispatches next.
-
-    q goes over the draft's head vocabulary (`compact`: it already is) unless a fast backup served some row: its q
-    (uniform, or a point mass on an n-gram token) may put mass outside it.
-    """
+  def _serve(self, tok: np.ndarray, q) -> Speculation:
+    """Returns the speculation to serve (tokens [B, K] on the host; q None at temperature 0, else [B, K, V] or, when
+    all its mass lies there, [B, K, V_out] over the draft's head vocabulary), and keeps its tokens for the tree
+    `draft_ahead` dispatches next. A fast backup's q (uniform, or a point mass on an n-gram token) may put mass
+    outside the head vocabulary: a round that served one sends q over the full vocabulary."""
     t = time.perf_counter()
+    self.served_host = tok
+    self.pending = self.model.put(tok)
     full = self.served in ("fast", "ngram") or self.model.cfg.head_vocab is None
-    if not compact and not full:
+    if q is not None and not full:
       q = self.model.run(compact_q, q, self.model.params["head_ids"])
-    self.pending = self.served_tokens = tok
     self.phase_s["serve"] += time.perf_counter() - t
-    return Speculation(tok, q)
+    return Speculation(tok, None if self.greedy else q)
 
   def _record_ranks(self, tree, acc, bonus, live) -> None:
     m = self.model
-    rk = np.asarray(bonus_rank(m.params, tree.glue_g, self.served_tokens, m.put(acc), m.put(bonus), cfg=m.cfg))
+    rk = np.asarray(bonus_rank(m.params, tree.glue_g, m.put(self.served_host), m.put(acc), m.put(bonus), cfg=m.cfg))
     for i in np.flatnonzero(live):
       self.ranks[i].append((int(acc[i]), int(rk[i])))
 

@@ -96,7 +96,10 @@ class SSDDecoder:
             "verify_seconds": round(t["verify"], 4), "neural_backup_seconds": round(s["neural_s"], 4),
             "draft_tree_seconds": round(s["tree_s"], 4), "speculation_cache_bytes": int(s["cache_bytes"]),
             "target_commit_seconds": round(t["commit"], 4),
-            "draft_reply_seconds": {p: round(v, 4) for p, v in s["phase_s"].items()},
+            # the target's idle time by part (rounds.ROUND_PARTS), and the draft side's own time by phase
+            "round_parts_seconds": {p: round(v, 5) for p, v in t["parts"].items()},
+            "rounds": t["rounds"], "hit_rounds": t["hit_rounds"],
+            "draft_phase_seconds": {p: round(v, 4) for p, v in s["phase_s"].items()},
             "compile_seconds": round(compile_s, 3),
             "bytes_per_round": {"target_to_draft": round(t["bytes_out"] / rounds),
                                 "draft_to_target": round(t["bytes_in"] / rounds)},

@@ -354,13 +354,19 @@ def serve_q(params, q_out, cfg: ModelConfig):
 
 @jax.jit
 def lookup(cand, branch_j, tree_tokens, tree_q, accept_len, bonus):
-  """Returns (hit [B], tokens [B, K], q [B, K, V]) for verify outcomes (accept_len, bonus) [B] in the cache."""
+  """Returns (hit [B], tokens [B, K], q [B, K, V]) for verify outcomes (accept_len, bonus) [B] in the cache (on
+  the device; a round's own lookup runs on the host, speculator.find, and picks q with pick_branch)."""
   match = (branch_j[None, :] == accept_len[:, None]) & (cand == bonus[:, None])  # [B, N]
   hit = match.any(-1)
   idx = jnp.argmax(match, -1)
   toks = jnp.take_along_axis(tree_tokens, idx[:, None, None], 1)[:, 0]
-  q = jnp.take_along_axis(tree_q, idx[:, None, None, None], 1)[:, 0]
-  return hit, toks, q
+  return hit, toks, pick_branch(tree_q, idx)
+
+
+@jax.jit
+def pick_branch(tree_q, branch):
+  """Returns [B, K, V] the distributions of each row's own branch ([B]) of a speculation cache's tree_q."""
+  return jnp.take_along_axis(tree_q, branch[:, None, None, None], 1)[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
