@@ -8,7 +8,8 @@ from ssd_jax.models import model
 from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
 from ssd_jax.decode.base import pad_prompts
-from ssd_jax.decode.steps import draft_tree, lookup, prefill
+from ssd_jax.decode.speculator import SpecCache, cached_tokens, find
+from ssd_jax.decode.steps import draft_tree, pick_branch, prefill
 from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import LAW_ROWS, LIVE, REAL, TINY_LIVE, generate, live, restrict_head
@@ -68,15 +69,22 @@ def test_tree_branches_equal_plain_forward(head):
       assert set(cand[r, branch_j == j].tolist()) == want
 
 
+def lookup(cand, branch_j, tt, tq, accept_len, bonus):
+  """A round's lookup as it runs: the outcome found on the host, the hit's tokens there, its q where the cache lies."""
+  cache = SpecCache(np.asarray(cand), np.asarray(branch_j), np.asarray(tt), tq)
+  hit, branch = find(cache, np.asarray(accept_len), np.asarray(bonus))
+  return hit, cached_tokens(cache, branch), pick_branch(tq, jnp.asarray(branch, jnp.int32))
+
+
 def test_lookup_hits_and_misses():
   cand = jnp.asarray([[3, 4, 5, 6]])
   branch_j = jnp.asarray([0, 0, 1, 1])
   tt = jnp.arange(8).reshape(1, 4, 2)
   tq = jnp.arange(8 * 3, dtype=jnp.float32).reshape(1, 4, 2, 3)
-  hit, toks, q = lookup(cand, branch_j, tt, tq, jnp.asarray([1]), jnp.asarray([6]))
+  hit, toks, q = lookup(cand, branch_j, tt, tq, [1], [6])
   assert bool(hit[0]) and toks[0].tolist() == [6, 7] and np.array_equal(q[0], tq[0, 3])
   for acc, bonus in [(0, 6), (1, 3), (2, 5)]:  # key mismatch: wrong length, wrong token, length not cached
-    hit, _, _ = lookup(cand, branch_j, tt, tq, jnp.asarray([acc]), jnp.asarray([bonus]))
+    hit, _, _ = lookup(cand, branch_j, tt, tq, [acc], [bonus])
     assert not bool(hit[0])
 
 
@@ -88,7 +96,7 @@ def test_lookup_serves_each_row_its_own_branch():
   branch_j = jnp.asarray([0, 0, 1, 1])
   tt = jnp.asarray(rng.integers(0, 8, (3, 4, 2)), jnp.int32)
   tq = jnp.asarray(rng.random((3, 4, 2, 5)), jnp.float32)
-  hit, toks, q = lookup(cand, branch_j, tt, tq, jnp.asarray([1, 0, 1]), jnp.asarray([6, 2, 3]))
+  hit, toks, q = lookup(cand, branch_j, tt, tq, [1, 0, 1], [6, 2, 3])
   assert np.asarray(hit).tolist() == [True, True, False]
   for row, branch in [(0, 3), (1, 1)]:
     assert np.array_equal(toks[row], tt[row, branch]) and np.array_equal(q[row], tq[row, branch])

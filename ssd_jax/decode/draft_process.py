@@ -1,7 +1,7 @@
 """SSD's draft side in its own process on its own CPU cores: the CPU analogue of the paper's separate draft GPU.
 
 JAX CPU devices in one process share one thread pool, so drafting on "device 1" takes cores from the target's verify
-(an SSD round then costs more than an SD round). Here the draft side (speculator.TreeDraft, the same object the
+(an SSD round then costs more than an SD round). Here the draft side (tree_draft.TreeDraft, the same object the
 `devices` placement calls directly) runs in a child process pinned to its own cores, and the parent process (the
 target) is pinned to the others for the duration of a `generate` call. `DraftProcess` sends the target's calls over
 a socket pair wrapped in a `multiprocessing` Connection (Python's standard, well-kept pickling channel; a
@@ -35,7 +35,8 @@ from multiprocessing.connection import Connection
 from ..kernels.platform import device_platform
 from .base import Programs
 from .draft import make_draft_model
-from .speculator import Speculation, TreeDraft
+from .speculator import Speculation
+from .tree_draft import TreeDraft
 
 
 def set_process_affinity(cores) -> None:

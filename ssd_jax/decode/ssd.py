@@ -1,6 +1,6 @@
-"""Speculative speculative decoding (SSD): rounds.py's loop with a draft side that drafts ahead (speculator.TreeDraft).
+"""Speculative speculative decoding (SSD): rounds.py's loop with a draft side that drafts ahead (tree_draft.TreeDraft).
 
-While the target verifies speculation s_1..s_K on its mesh, the draft side (speculator.TreeDraft) pre-drafts the next
+While the target verifies speculation s_1..s_K on its mesh, the draft side (tree_draft.TreeDraft) pre-drafts the next
 speculation for every likely verify outcome (steps.draft_tree: glue, fork, tree). When verification returns
 (k, t*), a hit serves the cached speculation at once; a miss falls back to the backup speculator (by default the
 draft, just in time, exactly as in SD). Either way the verifier's ratio test sees the exact distribution each served
@@ -26,7 +26,8 @@ from .base import DecodeResult, Programs, StreamFn
 from .draft import make_draft_model
 from .draft_process import DraftProcess
 from .options import DecodeOptions, SpecOptions, check_context, check_pair
-from .speculator import InProcessDraft, TreeDraft, hit_stats
+from .speculator import InProcessDraft
+from .tree_draft import TreeDraft, hit_stats
 
 
 class SSDDecoder:
@@ -99,6 +100,7 @@ class SSDDecoder:
             # the target's idle time by part (rounds.ROUND_PARTS), and the draft side's own time by phase
             "round_parts_seconds": {p: round(v, 5) for p, v in t["parts"].items()},
             "rounds": t["rounds"], "hit_rounds": t["hit_rounds"],
+            "verify_call_seconds": round(t["dispatch_call"], 4),  # the dispatch calls' part of verify_seconds
             "draft_phase_seconds": {p: round(v, 4) for p, v in s["phase_s"].items()},
             "compile_seconds": round(compile_s, 3),
             "bytes_per_round": {"target_to_draft": round(t["bytes_out"] / rounds),

@@ -18,7 +18,7 @@ SSD's draft, from the same inputs while the target verifies s_1..s_K (`draft_tre
          live in a step-major scratch region after the glue (slot L+K + d*(K+1)*F + branch) with RoPE positions
          L+j+d, and attention sees the glue up to its fork point plus its own earlier scratch entries only.
 The result is the speculation cache: for every key (j, c), K tokens and the exact distributions they were drawn from;
-`lookup` finds the verify outcome (k, t*) in it.
+the round finds the verify outcome (k, t*) in it on the host (speculator.find), and `pick_branch` its q.
 The draft's chain and tree are written once for every kind of draft model; a kind supplies only how it feeds the
 committed text and one forward (`DraftKind`). The slots above are those of a draft that reads tokens (standalone or
 off-the-shelf, `TOKENS`); an EAGLE draft (`EAGLE`, eagle_steps.py) reads the target's features and re-feeds the last
@@ -353,19 +353,9 @@ def serve_q(params, q_out, cfg: ModelConfig):
 
 
 @jax.jit
-def lookup(cand, branch_j, tree_tokens, tree_q, accept_len, bonus):
-  """Returns (hit [B], tokens [B, K], q [B, K, V]) for verify outcomes (accept_len, bonus) [B] in the cache (on
-  the device; a round's own lookup runs on the host, speculator.find, and picks q with pick_branch)."""
-  match = (branch_j[None, :] == accept_len[:, None]) & (cand == bonus[:, None])  # [B, N]
-  hit = match.any(-1)
-  idx = jnp.argmax(match, -1)
-  toks = jnp.take_along_axis(tree_tokens, idx[:, None, None], 1)[:, 0]
-  return hit, toks, pick_branch(tree_q, idx)
-
-
-@jax.jit
 def pick_branch(tree_q, branch):
-  """Returns [B, K, V] the distributions of each row's own branch ([B]) of a speculation cache's tree_q."""
+  """Returns [B, K, V] the distributions of each row's own branch ([B]) of a speculation cache's tree_q: a hit's q,
+  on the device the cache lies on (the round finds the branch on the host: speculator.find)."""
   return jnp.take_along_axis(tree_q, branch[:, None, None, None], 1)[:, 0]
 
 

@@ -15,7 +15,8 @@ from ..decode.backup import point_mass, random_speculation
 from ..models.config import ModelConfig
 from ..decode.base import PROMPT_BUCKET
 from ..decode.draft import CACHE_DTYPE as DRAFT_CACHE_DTYPE
-from ..decode.steps import (chain_after, draft_propose, draft_tree, first_tokens, lookup, merge_rows, prefill, serve_q,
+from ..decode.steps import (chain_after, draft_propose, draft_tree, first_tokens, merge_rows, pick_branch, prefill,
+                            serve_q,
                             verify)
 from ..kernels.platform import device_platform
 from ..models.kv_cache import KVCache, round_slots
@@ -108,8 +109,8 @@ def round_programs(tcfg: ModelConfig, dcfg: ModelConfig, layout: Layout, dtype: 
       Program("draft.tree (glue+fork+tree)", "draft", draft_tree,
               (dparams, dcache, None, toks((b, 2), dsh), toks((b, k), dsh), di, dkey, df, df, df),
               dict(dst, k=k, fan_out=tuple(fan_out), saguaro_top=0), 1),
-      Program("draft.lookup", "draft", lookup, (toks((b, n), dsh), toks((n,), dsh), toks((b, n, k), dsh),
-                                                flts((b, n, k, v_out), dsh), di, di), {}),
+      # a hit's q, picked where the cache lies (the outcome is found on the host: speculator.find)
+      Program("draft.pick_branch", "draft", pick_branch, (flts((b, n, k, v_out), dsh), di), {}),
       Program("draft.serve_q", "draft", serve_q, (dparams, flts((b, k, v_out), dsh)), dict(cfg=dcfg)),
       Program("draft.merge_rows", "draft", merge_rows, (_sds((b,), jnp.bool_, dsh), toks((b, k), dsh),
                                                         flts((b, k, v), dsh), toks((b, k), dsh), flts((b, k, v), dsh)),

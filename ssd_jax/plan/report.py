@@ -162,7 +162,7 @@ def facts(tcfg, dcfg, tp: int, dev: Device, dtype: str, s: Setting, prompt: int,
                f"probabilities); the Pallas kernels hold one block")
   fan_shapes = 1  # SSD compiles the tree for its hit and miss fan-outs; equal here (uniform)
   out.append(f"one run compiles {12 + (s.sd_k != s.k) + fan_shapes} programs (target: prefill, first token, "
-             f"verify, AR step; draft: prefill, chain, tree, lookup, serve, merge, two fast backups; SD's chain) for "
+             f"verify, AR step; draft: prefill, chain, tree, a hit's q, serve, merge, two fast backups; SD's chain) for "
              f"one (batch, prompt bucket of 64, cache size rounded to 128, K, fan-out); any new value of those is a "
              f"new set. They compile before the clock (Programs.compile_only) and scripts keep them in JAX's "
              f"persistent compilation cache")
