@@ -56,7 +56,7 @@ def test_split_greedy_equals_ar(pair):
     assert parts["cache_wait"] + parts["backup_wait"] == pytest.approx(ex["draft_wait_seconds"], abs=2e-3)
     assert set(phases) == {"commit", "tree_wait", "send", "lookup", "backup", "serve"} and min(phases.values()) >= 0
     assert phases["backup"] > 0 and phases["lookup"] > 0
-    assert 0 < ex["hit_rounds"] < ex["rounds"]
+    assert 0 < ex["hit_rounds"] < ex["loop_rounds"]
     # A second call reuses the same draft process.
     assert [r.token_ids for r in dec.generate(PROMPTS[:2], opts)] == want[:2]
     # The draft process stops its rows where the target does, at the first of several stop ids.

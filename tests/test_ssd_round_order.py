@@ -100,7 +100,7 @@ def test_the_round_parts_add_up_to_the_targets_idle_time():
   assert set(parts) == set(rounds.ROUND_PARTS)
   assert min(parts.values()) >= 0 and parts["backup_wait"] > 0 and parts["lookup"] > 0
   assert sum(parts.values()) == pytest.approx(ex["target_idle_seconds"], abs=2e-3)
-  assert 0 < ex["hit_rounds"] < ex["rounds"]
+  assert 0 < ex["hit_rounds"] < ex["loop_rounds"]
   assert np.isfinite(ex["draft_tree_seconds"])
 
 

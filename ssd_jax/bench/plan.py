@@ -129,7 +129,7 @@ def summarize_runs(runs: list[dict]) -> dict:
     out["zero_idle_tokens_per_second"] = tokens / (seconds - idle) if seconds > idle else 0.0
     first = [r["rows"][0]["stats"] for r in runs]
     if all("round_parts_seconds" in s for s in first):
-      n = max(sum(s["rounds"] for s in first), 1)
+      n = max(sum(s["loop_rounds"] for s in first), 1)
       out["round_ms"] = {"verify": 1e3 * sum(s["verify_seconds"] for s in first) / n,
                          "verify_call": 1e3 * sum(s.get("verify_call_seconds", 0.0) for s in first) / n,
                          **{p: 1e3 * sum(s["round_parts_seconds"][p] for s in first) / n

@@ -99,7 +99,7 @@ class SSDDecoder:
             "target_commit_seconds": round(t["commit"], 4),
             # the target's idle time by part (rounds.ROUND_PARTS), and the draft side's own time by phase
             "round_parts_seconds": {p: round(v, 5) for p, v in t["parts"].items()},
-            "rounds": t["rounds"], "hit_rounds": t["hit_rounds"],
+            "loop_rounds": t["rounds"], "hit_rounds": t["hit_rounds"],
             "verify_call_seconds": round(t["dispatch_call"], 4),  # the dispatch calls' part of verify_seconds
             "draft_phase_seconds": {p: round(v, 4) for p, v in s["phase_s"].items()},
             "compile_seconds": round(compile_s, 3),
