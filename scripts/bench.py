@@ -300,10 +300,12 @@ class Runner:
     self.auto_k = {}  # label -> [{batch, prefix, k, predicted_sd_over_ar}] per batch run of SD or with k='auto'
 
   def __call__(self, variant, ids):
-    if self.args.baseline_cores == "target" and variant.mode != "ssd":
+    cores = variant.opts.get("cores", "all")
+    if cores != "all" or (self.args.baseline_cores == "target" and variant.mode != "ssd"):
       from ssd_jax.decode.draft_process import set_process_affinity, split_cores
       saved = os.sched_getaffinity(0)
-      set_process_affinity(split_cores()[0])
+      # --sweep cores: the first N usable cores; else --baseline-cores target: the cores SSD's target gets.
+      set_process_affinity(sorted(saved)[:int(cores)] if cores != "all" else split_cores()[0])
       try:
         return self._run(variant, ids)
       finally:
@@ -445,7 +447,7 @@ def bench_variants(args, modes) -> list:
   base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
           "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
           "ssd_placement": where, "ar_chunk": args.ar_chunk,
-          "sd_chunk": args.sd_chunk}
+          "sd_chunk": args.sd_chunk, "cores": "all"}
   values = args.sweep_values.split(",") if args.sweep_values else None
   backups = [b for b in args.backups.split(",") if b] if args.backups else None
   variants = plan.make_variants(all_modes, base, args.sweep, values, backups)

@@ -31,9 +31,18 @@ SWEEPS = {
     "ssd-placement": ("ssd_placement", ("ssd",), ("devices", "processes")),
     "ar-chunk": ("ar_chunk", ("ar",), ("1", "2", "4", "8")),
     "sd-chunk": ("sd_chunk", ("sd",), ("1", "2", "4", "8")),
+    # AR and SD on the first N usable cores (the process pinned while the variant runs) and on all of them.
+    "cores": ("cores", ("ar", "sd"), ("1", "all")),
 }
+def _cores(v: str) -> str:
+  """A --sweep cores value: 'all' or a positive count of cores."""
+  if v != "all" and not (v.isdigit() and int(v) > 0):
+    raise ValueError(f"a cores value is 'all' or a positive integer, not {v!r}")
+  return v
+
+
 PARSE = {"fan_out": str, "temperature": float, "saguaro_c": float, "batch_size": int, "k": int, "backup": str,
-         "ssd_placement": str, "ar_chunk": int, "sd_chunk": int}
+         "ssd_placement": str, "ar_chunk": int, "sd_chunk": int, "cores": _cores}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +51,7 @@ class Variant:
 
   mode: str
   options: tuple  # sorted (name, value) pairs: k, fan_out, fan_out_miss, backup, saguaro_c, temperature, batch_size,
-  #                 ssd_placement, ar_chunk, sd_chunk
+  #                 ssd_placement, ar_chunk, sd_chunk, cores
   sweep_value: str | None = None  # the swept option's value, when the sweep changes this mode
   tag: str | None = None  # the backup of one of several SSD series (make_variants' `backups`)
 

@@ -96,7 +96,8 @@ class DraftProcess:
     if self._proc is not None and self._proc.poll() is None:
       return
     # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's main module) that reads its
-    # JAX/OpenMP settings from the environment: one CPU device, as many OpenMP threads as it has cores.
+    # JAX settings from the environment: one CPU device (XLA sizes its thread pool, which the kernels share, by the
+    # cores the child pins itself to); OMP_NUM_THREADS holds any OpenMP library (a BLAS) to those cores too.
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "force_host_platform_device_count" not in f]
     env = dict(os.environ, XLA_FLAGS=" ".join(flags + ["--xla_force_host_platform_device_count=1"]),
                OMP_NUM_THREADS=str(len(self.draft_cores)), JAX_PLATFORMS="cpu")

@@ -92,6 +92,11 @@ def runs_here(arch: str) -> bool:
 _FP_FLAGS = ["-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
 
 
+# No OpenMP: the kernels split their work over XLA's own intra-op thread pool (cpu/parallel.h), one pool for the
+# process, whose threads sleep between calls.
+BUILD_FLAGS = ["-pthread", "-fPIC", "-shared", "-std=c++17"]
+
+
 def build(name: str, arch: str = "native") -> str:
   """Returns the path of ssd_jax/kernels/cpu/{name}.cc compiled for `arch` (ARCH_FLAGS), building it if needed."""
   src = os.path.join(_DIR, name + ".cc")
@@ -100,7 +105,7 @@ def build(name: str, arch: str = "native") -> str:
     with open(path, "rb") as f:
       h.update(f.read())
   src_hash = h.hexdigest()[:16]
-  flags = ["-O3", *ARCH_FLAGS[arch], *_FP_FLAGS, "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+  flags = ["-O3", *ARCH_FLAGS[arch], *_FP_FLAGS, *BUILD_FLAGS]
   # The key covers the source, the flags and (for -march=native) the CPU: a cache copied to another machine must not
   # hand it a kernel built for instructions it lacks.
   key = hashlib.sha256((" ".join(flags) + (_cpu_signature() if arch == "native" else "")).encode()).hexdigest()[:8]
@@ -174,8 +179,6 @@ def available(name: str, targets: dict[str, str]) -> bool:
         _STATE[name] = False
         return False
       try:
-        # Idle OpenMP threads must sleep, not spin: they share two cores with XLA's own threads.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         _register(build(name, kernel_arch()), targets)
         _STATE[name] = True
       except Exception as e:  # no compiler, missing headers, ...: fall back to jnp code

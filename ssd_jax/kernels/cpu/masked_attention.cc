@@ -22,8 +22,9 @@
 #include <cstring>
 #include <vector>
 
-#include <omp.h>
+#include <atomic>
 
+#include "parallel.h"
 #include "simd.h"
 
 #include "xla/ffi/api/ffi.h"
@@ -37,11 +38,6 @@ using namespace ssd_simd;  // NOLINT: vf, kW, Load, Store, Splat, Fma, HSum16, E
 constexpr float kNeg = -1e30f;
 constexpr int kMaxR = 16;  // query heads per KV head handled in registers-sized scratch
 constexpr int kKB = 16;   // keys per block: one maximum, one rescale and vector exps per block (HSum16 takes 16)
-
-int Threads() {
-  const int n = omp_get_num_procs();
-  return n < 1 ? 1 : n;
-}
 
 // x[j] = q . key slots[j] for j < n <= kKB, each in one fixed order: lanes of vectors in d order, HSum's reduction
 // tree (for the 16 keys together: HSum16), then the tail past the last whole vector in order.
@@ -202,7 +198,7 @@ void AttendRows(const Call& c, int64_t b, int64_t g, int64_t t0, int64_t t1) {
   }
 }
 
-ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+ffi::Error MaskedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                                ffi::Buffer<ffi::S32> visible_end, ffi::Buffer<ffi::S32> tree_start,
                                ffi::Buffer<ffi::S32> tree_branch, ffi::Buffer<ffi::S32> tree_depth,
                                ffi::ResultBuffer<ffi::F32> out, int64_t tree_width) {
@@ -218,15 +214,17 @@ ffi::Error MaskedAttentionImpl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                1.f / std::sqrt(static_cast<float>(D))};
   // Tasks: (b, g, a chunk of the queries). Fewer chunks share more key loads; enough of them keep every thread busy
   // (two tasks a thread). The chunking changes no result: each query's blocks are its own.
-  const int threads = Threads();
+  const int threads = ssd_par::Threads(pool, B * G * T);
   const int64_t chunks = std::min<int64_t>(T, std::max<int64_t>(1, (2 * threads + B * G - 1) / (B * G)));
   const int64_t per = (T + chunks - 1) / chunks, tasks = B * G * chunks;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (tasks > 1)
-  for (int64_t i = 0; i < tasks; ++i) {
-    const int64_t ch = i % chunks, g = (i / chunks) % G, b = i / (chunks * G);
-    const int64_t t0 = ch * per, t1 = std::min(T, t0 + per);
-    if (t0 < t1) AttendRows(c, b, g, t0, t1);
-  }
+  std::atomic<int64_t> next{0};  // tasks go to whichever thread is free first
+  ssd_par::Run(pool, tasks > 1 ? threads : 1, [&](int, int) {
+    for (int64_t i = next.fetch_add(1); i < tasks; i = next.fetch_add(1)) {
+      const int64_t ch = i % chunks, g = (i / chunks) % G, b = i / (chunks * G);
+      const int64_t t0 = ch * per, t1 = std::min(T, t0 + per);
+      if (t0 < t1) AttendRows(c, b, g, t0, t1);
+    }
+  });
   return ffi::Error::Success();
 }
 
@@ -253,6 +251,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdVectorExp, VectorExpImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdMaskedAttention, MaskedAttentionImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -20,8 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include <omp.h>
-
+#include "parallel.h"
 #include "simd.h"
 
 #include "xla/ffi/api/ffi.h"
@@ -31,14 +30,6 @@ namespace ffi = xla::ffi;
 namespace {
 
 using namespace ssd_simd;  // NOLINT: the kernels' vocabulary (vf, kW, Load, Fma, HSum)
-
-// Threads for one call: the cores the calling thread may use now (libgomp reads its affinity on each call). When
-// the process is pinned to one core (SSD's split placement, `taskset`), the kernels run on one thread instead of
-// making OpenMP threads take turns on that core.
-int Threads() {
-  const int n = omp_get_num_procs();
-  return n < 1 ? 1 : n;
-}
 
 int64_t Rows(const ffi::Buffer<ffi::F32>& x) {
   auto d = x.dimensions();
@@ -250,14 +241,12 @@ inline void Split(int64_t n, int parts, int p, int64_t align, int64_t* lo, int64
 // Output columns per thread: below this a second thread costs more to wake than it saves.
 constexpr int64_t kMinColumnsPerThread = 256;
 
-int ThreadsFor(int64_t n) {
-  const int64_t t = n / kMinColumnsPerThread;
-  const int avail = Threads();
-  return t < 1 ? 1 : (t < avail ? static_cast<int>(t) : avail);
-}
+// Threads for one call of N output columns: XLA's intra-op pool and the caller, on the cores usable now
+// (parallel.h: a process pinned to one core, as SSD's split placement pins each side, runs on one thread).
+int ThreadsFor(ffi::ThreadPool& pool, int64_t n) { return ssd_par::Threads(pool, n / kMinColumnsPerThread); }
 
 template <typename T, ffi::DataType D>
-ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> e, ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error RowsMatmulTImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<D> e, ffi::ResultBuffer<ffi::F32> y) {
   auto ed = e.dimensions();
   if (ed.size() != 2) return ffi::Error::InvalidArgument("weights must be 2-D");
   const int64_t N = ed[0], K = ed[1], M = Rows(x);
@@ -265,21 +254,19 @@ ffi::Error RowsMatmulTImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> e, ffi::Resul
   const float* X = x.typed_data();
   const T* E = reinterpret_cast<const T*>(e.untyped_data());
   float* Y = y->typed_data();
-  const int threads = ThreadsFor(N);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  ssd_par::Run(pool, ThreadsFor(pool, N), [&](int part, int parts) {
     int64_t n0, n1;
-    Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (sizeof(T) * std::max<int64_t>(K, 1)));
-    Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-      SSD_ROWS_CASES(r1 - r0, DotRows, X + r0 * K, E, Y + r0 * N, K, N, c0, c1)
-    });
-  }
+    Split(N, parts, part, 8, &n0, &n1);
+      const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (sizeof(T) * std::max<int64_t>(K, 1)));
+      Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+        SSD_ROWS_CASES(r1 - r0, DotRows, X + r0 * K, E, Y + r0 * N, K, N, c0, c1)
+      });
+  });
   return ffi::Error::Success();
 }
 
 template <typename T, ffi::DataType D>
-ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error RowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::ResultBuffer<ffi::F32> y) {
   auto wd = w.dimensions();
   if (wd.size() != 2) return ffi::Error::InvalidArgument("weights must be 2-D");
   const int64_t K = wd[0], N = wd[1], M = Rows(x);
@@ -291,16 +278,14 @@ ffi::Error RowsMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<D> w, ffi::Result
     std::memset(Y, 0, sizeof(float) * M * N);
     return ffi::Error::Success();
   }
-  const int threads = ThreadsFor(N);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  ssd_par::Run(pool, ThreadsFor(pool, N), [&](int part, int parts) {
     int64_t n0, n1;
-    Split(N, omp_get_num_threads(), omp_get_thread_num(), kW, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(sizeof(T)) * K * kW)) * kW;
-    Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-      SSD_ROWS_CASES(r1 - r0, AxpyRows, X + r0 * K, W, Y + r0 * N, K, N, c0, c1)
-    });
-  }
+    Split(N, parts, part, kW, &n0, &n1);
+      const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(sizeof(T)) * K * kW)) * kW;
+      Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+        SSD_ROWS_CASES(r1 - r0, AxpyRows, X + r0 * K, W, Y + r0 * N, K, N, c0, c1)
+      });
+  });
   return ffi::Error::Success();
 }
 
@@ -484,7 +469,7 @@ void BlockDotRows(B /* kind */, const float* X, const Blocks& w, float* Y, int64
 }
 
 template <typename B>
-ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const Blocks& w, int64_t N, ffi::ResultBuffer<ffi::F32>& y,
+ffi::Error BlocksT(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, const Blocks& w, int64_t N, ffi::ResultBuffer<ffi::F32>& y,
                    int64_t row_bytes) {
   const int64_t K = w.K, M = Rows(x);
   if (K % kQK != 0 || x.dimensions().back() != K)
@@ -492,35 +477,33 @@ ffi::Error BlocksT(ffi::Buffer<ffi::F32>& x, const Blocks& w, int64_t N, ffi::Re
   if (M < 1) return ffi::Error::Success();
   const float* X = x.typed_data();
   float* Y = y->typed_data();
-  const int threads = ThreadsFor(N);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  ssd_par::Run(pool, ThreadsFor(pool, N), [&](int part, int parts) {
     int64_t n0, n1;
-    Split(N, omp_get_num_threads(), omp_get_thread_num(), 8, &n0, &n1);
-    const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(row_bytes, 1));
-    Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-      SSD_ROWS_CASES(r1 - r0, BlockDotRows, B{}, X + r0 * K, w, Y + r0 * N, K, N, c0, c1)
-    });
-  }
+    Split(N, parts, part, 8, &n0, &n1);
+      const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+      Tiled(M, n0, n1, chunk, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+        SSD_ROWS_CASES(r1 - r0, BlockDotRows, B{}, X + r0 * K, w, Y + r0 * N, K, N, c0, c1)
+      });
+  });
   return ffi::Error::Success();
 }
 
 const uint16_t* HalfData(ffi::Buffer<ffi::F16>& h) { return reinterpret_cast<const uint16_t*>(h.untyped_data()); }
 
-ffi::Error RowsQ80TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q, ffi::Buffer<ffi::F16> d,
+ffi::Error RowsQ80TImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q, ffi::Buffer<ffi::F16> d,
                         ffi::ResultBuffer<ffi::F32> y) {
   auto qd = q.dimensions();
   if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
   const Blocks w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), nullptr, qd[1]};
-  return BlocksT<Q80>(x, w, qd[0], y, qd[1] + qd[1] / kQK * 2);
+  return BlocksT<Q80>(pool, x, w, qd[0], y, qd[1] + qd[1] / kQK * 2);
 }
 
-ffi::Error RowsQ41TImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Buffer<ffi::F16> d,
+ffi::Error RowsQ41TImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Buffer<ffi::F16> d,
                         ffi::Buffer<ffi::F16> m, ffi::ResultBuffer<ffi::F32> y) {
   auto qd = q.dimensions();
   if (qd.size() != 2) return ffi::Error::InvalidArgument("blocks must be 2-D");
   const Blocks w{reinterpret_cast<const uint8_t*>(q.untyped_data()), HalfData(d), HalfData(m), 2 * qd[1]};
-  return BlocksT<Q41>(x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
+  return BlocksT<Q41>(pool, x, w, qd[0], y, qd[1] + qd[1] / (kQK / 2) * 4);
 }
 
 // Each row's sum of squares (RMSNorm's), in one fixed order whatever the row count: eight running sums over k
@@ -546,23 +529,23 @@ ffi::Error RowsSumSqImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> y)
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmul, (RowsMatmulImpl<float, ffi::F32>),
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulT, (RowsMatmulTImpl<float, ffi::F32>),
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ80T, RowsQ80TImpl,
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::S8>>()
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F16>>().Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsQ41T, RowsQ41TImpl,
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::U8>>()
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F16>>().Arg<ffi::Buffer<ffi::F16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16, (RowsMatmulImpl<Bf16, ffi::BF16>),
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsMatmulBf16T, (RowsMatmulTImpl<Bf16, ffi::BF16>),
-                              ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SsdRowsSumSq, RowsSumSqImpl,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
