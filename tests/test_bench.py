@@ -160,6 +160,12 @@ def test_sweep_variants_and_baselines():
   assert plan.baseline_of(vs[4], "ar", vs).label == "ar"      # AR does not depend on K
   with pytest.raises(ValueError, match="unknown sweep"):
     plan.make_variants(["ar"], base, "nonsense")
+  # --sweep cores: AR and SD on the first N cores and on all of them; SSD keeps its own placement.
+  vs = plan.make_variants(["ar", "ssd"], dict(base, cores="all"), "cores", ["1", "all"])
+  assert [(v.label, v.opts["cores"]) for v in vs] == [("ar@cores=1", "1"), ("ar@cores=all", "all"), ("ssd", "all")]
+  for bad in ("0", "two"):
+    with pytest.raises(ValueError, match="cores value"):
+      plan.make_variants(["ar"], base, "cores", [bad])
 
 
 def _fan_out_sweep_result():
