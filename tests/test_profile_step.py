@@ -23,6 +23,8 @@ def test_profile_step_attributes_the_step_to_its_parts():
   for part in ("matrix qkv (matmul)", "matrix gate/up (matmul)", "matrix down (matmul)", "matrix o (matmul)",
                "head (matmul)", "attention", "RMSNorm"):
     assert part in rows, (part, res.stdout)
-  # Two layers: q, k, v and gate, up per layer; the parts cover the program's time.
+  # Two layers: q, k, v and gate, up per layer; the parts cover the program's time. Thunks on XLA's pool threads may
+  # overlap a little: a kernel's thunk waits for its parts, which run on the pool beside other thunks (the suite's
+  # load once gave 101.2%), so the sum may pass the program's time by a few percent, never by a whole thunk's worth.
   assert rows["matrix qkv (matmul)"][1] == "6" and rows["matrix gate/up (matmul)"][1] == "4", res.stdout
-  assert 50.0 < float(rows["thunks, summed"][2]) <= 100.0, res.stdout
+  assert 50.0 < float(rows["thunks, summed"][2]) <= 110.0, res.stdout
