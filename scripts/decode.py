@@ -203,8 +203,10 @@ def main(argv=None):
   plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec))
   pipe = api.load_prepared(plan)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
-  warnings.simplefilter("always", api.SlowerThanAR)  # one line each, as the CLI's other warnings
-  warnings.showwarning = lambda message, *_a, **_k: warn(str(message))
+  warnings.simplefilter("always", api.SlowerThanAR)  # one line each, as the CLI's other warnings; others as before
+  show = warnings.showwarning
+  warnings.showwarning = lambda message, category, *a, **kw: (
+      warn(str(message)) if issubclass(category, api.SlowerThanAR) else show(message, category, *a, **kw))
   gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
                        top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size, ignore_eos=opts.ignore_eos,
                        ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk,

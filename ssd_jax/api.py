@@ -154,8 +154,12 @@ class Pipeline:
     if self.draft is None:
       return 0
     costs, a = self.auto_k_inputs(temperature)
-    builtin = auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
-    return auto_k.choose_k(costs, rows, a, builtin=builtin, prefix=prefix, at_least=at_least)
+    return auto_k.choose_k(costs, rows, a, builtin=self._builtin_k, prefix=prefix, at_least=at_least)
+
+  @property
+  def _builtin_k(self) -> dict:
+    """k='auto''s choice by batch where nothing was measured, for this target's weight format."""
+    return auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
 
   def slower_than_ar(self, mode: str, k: int, rows: int, temperature: float = 0.0,
                      prefix: float | None = None) -> str | None:
@@ -165,8 +169,7 @@ class Pipeline:
       return None
     costs, a = self.auto_k_inputs(temperature)
     if costs is None:
-      builtin = auto_k.BUILTIN_K_BLOCKS if self.weights == "gguf" else auto_k.BUILTIN_K
-      if builtin.get(rows, 0):
+      if self._builtin_k.get(rows, 0):
         return None
       why = "is not expected to beat AR here (no measured step costs: `bench.py --calibrate` measures them)"
     else:

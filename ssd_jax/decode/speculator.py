@@ -3,7 +3,8 @@
 The target loop talks to a draft side in messages: `prepare` (a run's prompts and options; compile), `prefill`,
 `first` (the first tokens; returns the first Speculation), then per round `outcome` (an Outcome; returns the next
 Speculation, or None once every row is done) and finally `stats`. SSD's draft side also drafts ahead (`draft_ahead`:
-the tree for the speculation it just served) while the target verifies, and hands it to the target (`cache`). Each side keeps its own copy of the committed
+the tree for the speculation it just served) while the target verifies, and hands it to the target (`cache`); its
+reply to an outcome is then HIT or, on a miss, the backup's Speculation. Each side keeps its own copy of the committed
 text (a SpecBook fed the same outcomes as the target's), its own keys and its own KV cache, so the same calls work
 on an object in this process (`InProcessDraft`) and in a child process (draft_process.DraftProcess); a seed draws
 the same samples either way.

@@ -166,7 +166,7 @@ class TreeDraft:
     if not self.greedy:  # the rows that hit keep their cached law, widened to the full vocabulary as the backup's
       m = self.model
       c_q = m.run(serve_q, m.params, m.run(pick_branch, self.tree.q, branch), cfg=m.cfg)
-      q = m.run(merge_rows, m.put(hit), m.put(cached), c_q, m.put(np.asarray(tok)), q)[1]
+      q = m.run(merge_rows, m.put(hit), m.put(cached), c_q, m.put(tok), q)[1]
     return self._serve(np.where(hit[:, None], cached, np.asarray(tok)), q)
 
   def _backup(self, kind: str):
