@@ -14,7 +14,7 @@ import pytest
 
 from ssd_jax.models import model
 from ssd_jax.models.config import tiny_config
-from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder, rounds
+from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder, rounds, ssd_loop
 from ssd_jax.decode.draft import DraftModel
 
 from test_sd import PROMPTS, _perturbed
@@ -97,7 +97,7 @@ def test_the_round_parts_add_up_to_the_targets_idle_time():
   dec = SSDDecoder(cfg, tp, cfg, _perturbed(tp, 0.06, 1), SpecOptions(k=2, fan_out=3, placement="devices"))
   ex = dec.generate(PROMPTS[:2], DecodeOptions(max_new_tokens=24, ignore_eos=True))[0].stats.extra
   parts = ex["round_parts_seconds"]
-  assert set(parts) == set(rounds.ROUND_PARTS)
+  assert set(parts) == set(ssd_loop.ROUND_PARTS)
   assert min(parts.values()) >= 0 and parts["backup_wait"] > 0 and parts["lookup"] > 0
   assert sum(parts.values()) == pytest.approx(ex["target_idle_seconds"], abs=2e-3)
   assert 0 < ex["hit_rounds"] < ex["loop_rounds"]

@@ -83,12 +83,16 @@ class DraftProcess:
 
   @contextlib.contextmanager
   def session(self):
-    """Starts the draft process if needed and pins this process to the target's cores until the block ends."""
+    """Starts the draft process if needed and pins this process to the target's cores until the block ends; a block
+    that raises kills the draft process (the next session starts a fresh one)."""
     self._start()
     saved = os.sched_getaffinity(0)
     set_process_affinity(self.target_cores)
     try:
       yield
+    except BaseException:  # a run that failed or was interrupted mid-round: the child's state and the pipe are void
+      self.abort()
+      raise
     finally:
       set_process_affinity(saved)
 
@@ -130,6 +134,15 @@ class DraftProcess:
   def cache(self):
     """Returns the speculation cache the child sent once its tree was built (speculator.SpecCache)."""
     return self.receive()
+
+  def abort(self):
+    """Kills the draft process at once (a run that failed mid-round: its state is void); the next session starts a
+    fresh one."""
+    if self._proc is not None:
+      self._proc.kill()
+      self._proc.wait()
+      self._conn.close()
+      self._proc = self._conn = None
 
   def close(self):
     """Stops the draft process."""

@@ -4,7 +4,7 @@ AR, SD and SSD differ in the draft side plugged in (speculator.py, tree_draft.py
 same messages: `NoDraft` (AR) serves empty speculations, and a verify of no drafts is one AR step (its bonus is the
 target's next token); `ChainDraft` (SD) drafts K tokens once the outcome is known (`_rounds`; in chunks of rounds,
 sd_chunk.py); `TreeDraft` (SSD) drafts ahead for the likely outcomes while the target verifies, in this process or in
-its own (draft_process.py), and hands the target that cache: SSD's round (`_ssd_rounds`) looks its outcome up on the
+its own (draft_process.py), and hands the target that cache: SSD's round (ssd_loop.py) looks its outcome up on the
 target's side and dispatches the next verify before the draft side hears of it. (One loop for all three with the
 round's strategy plugged in is issue 55's item 6, not done yet.) The target's
 side (`TargetSide`: cache, sampling settings, compiled programs) is set up once here, and the verifier draws its keys
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kernels.platform import device_platform
-from . import sd_chunk
+from . import sd_chunk, ssd_loop
 from .base import SpecBook, StreamFn, cache_slots, chunk_lookahead, pad_prompts
 from .options import DecodeOptions
-from .speculator import HIT, DraftJob, Outcome, cached_tokens, find
+from .speculator import DraftJob, Outcome
 from .steps import (VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, pick_branch, prefill, serve_q, stream_key,
                     verify)
 
@@ -168,6 +168,8 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
     chunks = sd_chunk.Chunks(target, link.side, n) if n > 1 else None
     if chunks is not None:
       chunks.compile()
+    elif not link.sync and ssd_loop.usable(dec, link):
+      ssd_loop.compile_rounds(target)
     t0 = time.perf_counter()
     if dec.feature_layers:  # the draft's prefill reads the target's
       first, feats = target.prefill()
@@ -183,7 +185,8 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
     if chunks is not None:
       timing = chunks.run(book, first, stream)
     elif not link.sync:  # a draft side that drafts ahead (SSD)
-      timing = _ssd_rounds(target, link, book, first, stream, for_draft)
+      timing = (ssd_loop.run(target, link, book, first, stream) if ssd_loop.usable(target.dec, link)
+                else ssd_loop.ssd_rounds_host(target, link, book, first, stream, for_draft))
     else:
       timing = _rounds(target, link, book, first, stream, for_draft)
     link.send("stats")
@@ -229,99 +232,6 @@ def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) 
     spec = link.receive()
     t["wait"] += time.perf_counter() - t_verified
   return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=target.programs.compile_seconds)
-
-
-# The parts of SSD's round on the target's critical path, between a verify's result and the next dispatch.
-ROUND_PARTS = ("commit", "cache_wait", "lookup", "backup_wait", "to_target")
-
-
-def _ssd_rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) -> dict:
-  """SSD's rounds: the draft side's speculation cache comes to the target (link.cache) while the target verifies;
-  when the verify ends the target commits its outcome, looks it up there itself and, when every live row hits,
-  dispatches the next verify at once, and only then sends the outcome to the draft side (which finds the same hits
-  and drafts the next tree). A miss sends the outcome first and waits for the backup's speculation.
-
-  Returns the target's timings: `idle` its time from a verify's result to the next dispatch, `parts` that time by
-  part (ROUND_PARTS), `verify` dispatch to result, `wait` its waits on the draft side (cache and backup), hits."""
-  t = dict.fromkeys(("verify", "dispatch_call"), 0.0)
-  parts = dict.fromkeys(ROUND_PARTS, 0.0)
-  bytes_in = bytes_out = rnd = hit_rounds = 0
-
-  def timing():  # the target's idle time is its parts; its waits on the draft side, two of them
-    return dict(t, parts=parts, idle=sum(parts.values()), wait=parts["cache_wait"] + parts["backup_wait"],
-                commit=parts["commit"], rounds=rnd, hit_rounds=hit_rounds, bytes_in=bytes_in, bytes_out=bytes_out,
-                compile=target.programs.compile_seconds)
-
-  link.send("first", first)
-  spec = link.receive()
-  if spec is None:
-    return timing()
-  bytes_in += _nbytes(spec)
-  rnd, last, served = 1, target.first, spec.tokens
-  nxt = target.stage(book, rnd, last)
-  tokens, q = target.to_target(spec)
-  t_dispatch = time.perf_counter()
-  acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
-  target.key_ahead(rnd + 1)
-  link.draft_ahead()
-  while True:
-    last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
-    feats = for_draft(feats)
-    t_verified = time.perf_counter()
-    t["verify"] += t_verified - t_dispatch
-    book.commit(acc, bonus, np.asarray(served), t_verified, stream)
-    t_commit = time.perf_counter()
-    cache = link.cache()  # built while the verify ran: normally here already
-    t_cache = time.perf_counter()
-    bytes_in += cache.nbytes
-    outcome = Outcome(acc, bonus, t_verified - t_dispatch, feats)
-    bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
-    if book.done.all():  # no next dispatch: the last round's commit is no idle time
-      link.send("outcome", outcome)
-      _expect(link.receive(), None)
-      break
-    rnd += 1
-    hit, branch = find(cache, acc, bonus)
-    nxt = target.stage(book, rnd, last)
-    was_hit = bool(hit[~book.done].all())
-    if was_hit:
-      hit_rounds += 1
-      served = cached_tokens(cache, branch)
-      tokens, q = target.from_cache(cache, branch, served)
-      t_found = t_sent = time.perf_counter()
-    else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
-      t_found = time.perf_counter()
-      link.send("outcome", outcome)
-      spec = link.receive()
-      t_sent = time.perf_counter()
-      bytes_in += _nbytes(spec)
-      served = spec.tokens
-      tokens, q = target.to_target(spec)
-    t_dispatch = time.perf_counter()
-    acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
-    # The call's own time counts as the verify's, as in every mode: on a core of its own the program starts as the
-    # call returns, so the call's wall time is part host work (its arguments), part the verify running.
-    t["dispatch_call"] += time.perf_counter() - t_dispatch
-    target.key_ahead(rnd + 1)
-    for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
-                                        t_sent - t_found, t_dispatch - t_sent)):
-      parts[part] += span
-    if was_hit:  # the outcome goes to the draft side once the next verify runs
-      link.send("outcome", outcome)
-      _expect(link.receive(), HIT)
-    link.draft_ahead()
-  return timing()
-
-
-def _nbytes(spec) -> int:
-  return spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
-
-
-def _expect(reply, want) -> None:
-  """Checks the draft side's reply to an outcome against what the target found (the same lookup on both sides)."""
-  if reply is not want and reply != want:
-    raise RuntimeError(f"the draft side replied {type(reply).__name__} to an outcome where the target expected "
-                       f"{want!r}: the two sides' books or caches disagree")
 
 
 def _for_draft(dec, link):

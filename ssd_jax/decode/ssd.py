@@ -101,6 +101,7 @@ class SSDDecoder:
             "round_parts_seconds": {p: round(v, 5) for p, v in t["parts"].items()},
             "loop_rounds": t["rounds"], "hit_rounds": t["hit_rounds"],
             "verify_call_seconds": round(t["dispatch_call"], 4),  # the dispatch calls' part of verify_seconds
+            "target_program_calls": t["calls"],  # a verify a round, or many rounds a program (ssd_loop.py)
             "draft_phase_seconds": {p: round(v, 4) for p, v in s["phase_s"].items()},
             "compile_seconds": round(compile_s, 3),
             "bytes_per_round": {"target_to_draft": round(t["bytes_out"] / rounds),

@@ -1,0 +1,316 @@
+"""SSD's rounds in one program, for a draft side in its own process: no dispatch between a verify and the next.
+
+`ssd_rounds_host` dispatches one verify a round from the host. On a CPU core of its own that call costs the target
+1-4 ms a round (JAX's handling of the verify's ~750 argument leaves and the hand-over to XLA's thread), as much as
+SSD saves by drafting ahead. Here the target's rounds run inside one XLA while loop: each iteration verifies the
+speculation in hand, then calls back to the host (`jax.experimental.io_callback`, ~80 us) with the outcome. The host
+does what `ssd_rounds_host` does between two verifies: commits the outcome, takes the speculation cache the draft
+process sent while the verify ran, looks the outcome up in it and, on a hit, returns the cached speculation at once (the
+outcome goes to the draft process before the callback returns; its HIT reply is read at the next callback); on a
+miss it sends the outcome and returns the backup the draft process serves. The loop ends when every row is done, or
+after `ROUNDS_PER_CALL` rounds (so that Ctrl-C, which Python handles between calls, is seen within a second); the next
+call takes over the loop's carry on the device.
+
+Keys, inputs and the verify are those of `ssd_rounds_host` round for round (round r's key is fold(verify_root, r)),
+so a seed gives the same tokens either way (tests/test_ssd_loop.py). Used for the 'processes' placement with the
+target on one device; the 'devices' placement keeps `ssd_rounds_host` (its draft side runs JAX programs, which a
+callback running inside the target's program must not wait on).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from ..models.config import ModelConfig
+from .speculator import HIT, Outcome, cached_tokens, find
+from .steps import verify
+
+ROUNDS_PER_CALL = 64  # ~1 s of rounds on a CPU: the longest a Ctrl-C waits
+
+# The parts of SSD's round on the target's critical path, between a verify's result and the next dispatch.
+ROUND_PARTS = ("commit", "cache_wait", "lookup", "backup_wait", "to_target")
+
+
+def ssd_rounds_host(target, link, book, first, stream, for_draft) -> dict:
+  """SSD's rounds with one verify dispatched a round from the host (the 'devices' placement): the draft side's
+  speculation cache comes to the target (link.cache) while the target verifies; when the verify ends the target
+  commits its outcome, looks it up there itself and, when every live row hits, dispatches the next verify at once,
+  and only then sends the outcome to the draft side (which finds the same hits and drafts the next tree).
+  A miss sends the outcome first and waits for the backup's speculation.
+
+  Returns the target's timings: `idle` its time from a verify's result to the next dispatch, `parts` that time by
+  part (ROUND_PARTS), `verify` dispatch to result, `wait` its waits on the draft side (cache and backup), hits."""
+  t = dict.fromkeys(("verify", "dispatch_call"), 0.0)
+  parts = dict.fromkeys(ROUND_PARTS, 0.0)
+  bytes_in = bytes_out = rnd = hit_rounds = 0
+
+  def timing():  # the target's idle time is its parts; its waits on the draft side, two of them
+    return dict(t, parts=parts, idle=sum(parts.values()), wait=parts["cache_wait"] + parts["backup_wait"],
+                commit=parts["commit"], rounds=rnd, hit_rounds=hit_rounds, bytes_in=bytes_in, bytes_out=bytes_out,
+                compile=target.programs.compile_seconds, calls=rnd)
+
+  link.send("first", first)
+  spec = link.receive()
+  if spec is None:
+    return timing()
+  bytes_in += _nbytes(spec)
+  rnd, last, served = 1, target.first, spec.tokens
+  nxt = target.stage(book, rnd, last)
+  tokens, q = target.to_target(spec)
+  t_dispatch = time.perf_counter()
+  acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
+  target.key_ahead(rnd + 1)
+  link.draft_ahead()
+  while True:
+    last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+    feats = for_draft(feats)
+    t_verified = time.perf_counter()
+    t["verify"] += t_verified - t_dispatch
+    book.commit(acc, bonus, np.asarray(served), t_verified, stream)
+    t_commit = time.perf_counter()
+    cache = link.cache()  # built while the verify ran: normally here already
+    t_cache = time.perf_counter()
+    bytes_in += cache.nbytes
+    outcome = Outcome(acc, bonus, t_verified - t_dispatch, feats)
+    bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    if book.done.all():  # no next dispatch: the last round's commit is no idle time
+      link.send("outcome", outcome)
+      _expect(link.receive(), None)
+      break
+    rnd += 1
+    hit, branch = find(cache, acc, bonus)
+    nxt = target.stage(book, rnd, last)
+    was_hit = bool(hit[~book.done].all())
+    if was_hit:
+      hit_rounds += 1
+      served = cached_tokens(cache, branch)
+      tokens, q = target.from_cache(cache, branch, served)
+      t_found = t_sent = time.perf_counter()
+    else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
+      t_found = time.perf_counter()
+      link.send("outcome", outcome)
+      spec = link.receive()
+      t_sent = time.perf_counter()
+      bytes_in += _nbytes(spec)
+      served = spec.tokens
+      tokens, q = target.to_target(spec)
+    t_dispatch = time.perf_counter()
+    acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
+    # The call's own time counts as the verify's, as in every mode: on a core of its own the program starts as the
+    # call returns, so the call's wall time is part host work (its arguments), part the verify running.
+    t["dispatch_call"] += time.perf_counter() - t_dispatch
+    target.key_ahead(rnd + 1)
+    for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
+                                        t_sent - t_found, t_dispatch - t_sent)):
+      parts[part] += span
+    if was_hit:  # the outcome goes to the draft side once the next verify runs
+      link.send("outcome", outcome)
+      _expect(link.receive(), HIT)
+    link.draft_ahead()
+  return timing()
+
+
+def _nbytes(spec) -> int:
+  return spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
+
+
+def _expect(reply, want) -> None:
+  """Checks the draft side's reply to an outcome against what the target found (the same lookup on both sides)."""
+  if reply is not want and reply != want:
+    raise RuntimeError(f"the draft side replied {type(reply).__name__} to an outcome where the target expected "
+                       f"{want!r}: the two sides' books or caches disagree")
+
+
+_RUNS: dict = {}  # run id -> its HostRounds, for the callback
+_IDS = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+ONE_PROGRAM = True  # False: every placement runs ssd_rounds_host (to compare the two; tests)
+
+
+def usable(dec, link) -> bool:
+  """Whether a run's SSD rounds can run in one program: a draft side in another process (the callback then only
+  talks over a pipe) and the target on one device (an ordered callback needs one)."""
+  return (ONE_PROGRAM and bool(getattr(link, "remote", False)) and not link.sync
+          and dec.placement.target_mesh.size == 1)
+
+
+def _host_round(run_id, accept_len, bonus, *features):
+  return _RUNS[int(run_id)].round(accept_len, bonus, features[0] if features else None)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "greedy", "cfg", "attn_impl", "platform", "feature_layers"),
+                   donate_argnames=("cache",))
+def ssd_rounds(params, cache, bonus_prev, tokens, q, active, root, first_round, run_id, temperature, top_p, n: int,
+               greedy: bool, cfg: ModelConfig, attn_impl: str = "auto", platform: str | None = None,
+               feature_layers: tuple = ()):
+  """Runs up to n SSD rounds from round `first_round` (its speculation `tokens` [B, K], `q` [B, K, V]); returns
+  (cache, the last round's bonus [B], the next round's tokens, q and active rows, whether rounds remain, the rounds
+  run). After each verify the host callback of run `run_id` (HostRounds.round) gives the next round's speculation,
+  active rows and whether to go on. At temperature 0 (greedy) only tokens cross; q stays the zeros it came as."""
+  b, k = tokens.shape
+  shapes = [jax.ShapeDtypeStruct((b, k), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.bool_),
+            jax.ShapeDtypeStruct((), jnp.bool_)]
+  if not greedy:
+    shapes.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
+  st = dict(cfg=cfg, attn_impl=attn_impl, platform=platform, feature_layers=feature_layers)
+
+  def body(c):
+    i, cache, prev, tokens, q, active, _ = c
+    key = jax.random.fold_in(root, first_round + i)
+    acc, bonus, cache, *feats = verify(params, cache, prev, tokens, q, active, key, temperature, top_p, **st)
+    out = io_callback(_host_round, tuple(shapes), run_id, acc, bonus, *feats, ordered=True)
+    return (i + 1, cache, bonus, out[0], q if greedy else out[3], out[1], out[2])
+
+  init = (jnp.int32(0), cache, bonus_prev, tokens, q, active, jnp.bool_(True))
+  i, cache, bonus, tokens, q, active, go = jax.lax.while_loop(lambda c: c[6] & (c[0] < n), body, init)
+  return cache, bonus, tokens, q, active, go, i
+
+
+class HostRounds:
+  """The host's part of each round of one run, called back from inside `ssd_rounds` after every verify."""
+
+  def __init__(self, target, link, book, served, greedy: bool, head_ids=None):
+    self.target, self.link, self.book = target, link, book
+    self.served, self.greedy, self.head_ids = served, greedy, head_ids
+    self.t = dict.fromkeys(("verify", "dispatch_call"), 0.0)
+    self.parts = dict.fromkeys(ROUND_PARTS, 0.0)
+    self.bytes_in = self.bytes_out = self.hit_rounds = 0
+    self.rnd, self.pending_hit, self.error = 1, False, None
+    self.stream = None
+    self.t_dispatch = time.perf_counter()
+    with _LOCK:
+      self.id = next(_IDS)
+      _RUNS[self.id] = self
+
+  def close(self) -> None:
+    _RUNS.pop(self.id, None)
+
+  def round(self, accept_len, bonus, feats):
+    """Returns (tokens [B, K], active [B], go[, q [B, K, V]]) for the round after the verify whose outcome this is.
+    An error is kept for the caller (raised once the program returns) and ends the loop."""
+    try:
+      return self._round(np.asarray(accept_len), np.asarray(bonus), feats)
+    except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+      self.error = self.error or e
+      return self._stop()
+
+  def _stop(self):
+    b, k = self.served.shape
+    out = (np.zeros((b, k), np.int32), np.zeros((b,), bool), np.bool_(False))
+    return out if self.greedy else out + (np.zeros((b, k, self.target.dec.tcfg.vocab_size), np.float32),)
+
+  def _q(self, q):
+    """Returns a served q over the full vocabulary (host arrays; a cut head's q widened here)."""
+    q = np.asarray(q, np.float32)
+    if q.shape[-1] == self.target.dec.tcfg.vocab_size:
+      return q
+    full = np.zeros(q.shape[:-1] + (self.target.dec.tcfg.vocab_size,), np.float32)
+    full[..., self.head_ids] = q
+    return full
+
+  def _round(self, acc, bonus, feats):
+    t_verified = time.perf_counter()
+    self.t["verify"] += t_verified - self.t_dispatch
+    link, book = self.link, self.book
+    book.commit(acc, bonus, self.served, t_verified, self.stream)
+    t_commit = time.perf_counter()
+    if self.pending_hit:  # the draft process's reply to the last outcome: it found the same hits
+      self.pending_hit = False
+      _expect(link.receive(), HIT)
+    cache = link.cache()  # built while the verify ran: normally here already
+    t_cache = time.perf_counter()
+    feats = None if feats is None else np.asarray(feats)
+    self.bytes_in += cache.nbytes
+    outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats)
+    self.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    if book.done.all():  # no next round: the last commit is no idle time
+      link.send("outcome", outcome)
+      _expect(link.receive(), None)
+      return self._stop()
+    self.rnd += 1
+    hit, branch = find(cache, acc, bonus)
+    if hit[~book.done].all():
+      self.hit_rounds += 1
+      self.served = cached_tokens(cache, branch)
+      q = None if self.greedy else cache.q[np.arange(len(branch)), branch]
+      t_found = time.perf_counter()
+      link.send("outcome", outcome)  # before the next verify starts, its reply read after it
+      self.pending_hit = True
+      t_sent = time.perf_counter()
+    else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
+      t_found = time.perf_counter()
+      link.send("outcome", outcome)
+      spec = link.receive()
+      t_sent = time.perf_counter()
+      self.bytes_in += spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
+      self.served, q = np.asarray(spec.tokens), spec.q
+    out = (np.asarray(self.served, np.int32), ~book.done, np.bool_(True))
+    if not self.greedy:
+      out += (self._q(q),)
+    self.t_dispatch = time.perf_counter()
+    for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
+                                        t_sent - t_found, self.t_dispatch - t_sent)):
+      self.parts[part] += span
+    return out
+
+  def timing(self) -> dict:
+    """The target's timings as `ssd_rounds_host` reports them."""
+    p = self.parts
+    return dict(self.t, parts=p, idle=sum(p.values()), wait=p["cache_wait"] + p["backup_wait"], commit=p["commit"],
+                rounds=self.rnd, hit_rounds=self.hit_rounds,
+                bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+                compile=self.target.programs.compile_seconds)
+
+
+def run(target, link, book, first, stream) -> dict:
+  """SSD's rounds for a draft process, in programs of up to ROUNDS_PER_CALL rounds (ssd_rounds); returns the
+  target's timings as `ssd_rounds_host` does (`calls`: the programs run)."""
+  dec, greedy = target.dec, float(target.temp) == 0.0
+  link.send("first", first)
+  spec = link.receive()
+  if spec is None:
+    return dict(verify=0.0, dispatch_call=0.0, parts=dict.fromkeys(ROUND_PARTS, 0.0), idle=0.0, wait=0.0,
+                commit=0.0, rounds=0, hit_rounds=0, bytes_in=0, bytes_out=0, compile=target.programs.compile_seconds,
+                calls=0)
+  head = None if dec.head is None else np.asarray(dec.placement.fetch(dec.head["head_ids"]))
+  host = HostRounds(target, link, book, np.asarray(spec.tokens), greedy, head)
+  host.stream, host.bytes_in = stream, spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
+  tokens, q = target.rep(np.asarray(spec.tokens, np.int32)), target._q(None if greedy else host._q(spec.q))
+  prev, active, rnd, calls = target.first, target.rep(~book.done), 1, 0
+  try:
+    while True:
+      host.t_dispatch = t = time.perf_counter()
+      target.cache, prev, tokens, q, active, go, n = target.programs(
+          ssd_rounds, dec.tparams, target.cache, prev, tokens, q, active, target.verify_root, jnp.int32(rnd),
+          jnp.int32(host.id), target.temp, target.top_p, stable=2, n=ROUNDS_PER_CALL, greedy=greedy,
+          **target.st)
+      host.t["dispatch_call"] += time.perf_counter() - t
+      go, n = bool(target.fetch(go)), int(target.fetch(n))
+      calls += 1
+      if host.error is not None:
+        raise host.error
+      if not go:
+        break
+      rnd += n
+  finally:
+    host.close()
+  return dict(host.timing(), calls=calls)
+
+
+def compile_rounds(target) -> None:
+  """Compiles `ssd_rounds` for this run's shapes before the clock starts."""
+  dec, b, k = target.dec, target.tokens.shape[0], target.dec.k
+  z, greedy = jnp.zeros((b,), jnp.int32), float(target.temp) == 0.0
+  target.programs.compile_only(
+      ssd_rounds, dec.tparams, target.cache, target.rep(z), target.rep(jnp.zeros((b, k), jnp.int32)),
+      target.rep(jnp.zeros((b, k, dec.tcfg.vocab_size))), target.rep(z > 0), target.verify_root, jnp.int32(1),
+      jnp.int32(0), target.temp, target.top_p, n=ROUNDS_PER_CALL, greedy=greedy, **target.st)
