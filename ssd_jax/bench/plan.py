@@ -346,8 +346,9 @@ def round_table(result: dict) -> list[str]:
   if not ssd:
     return []
   parts = [p for p in ssd[0][1]["round_ms"] if p not in ("verify", "verify_call", "draft_tree")]
-  lines = ["", "SSD's round, ms per round (target idle = " + " + ".join(parts) + "; verify: its dispatch call to its "
-           "result, the call's own part beside it):", "",
+  lines = ["", "SSD's round, ms per round (target idle = " + " + ".join(parts) + "; verify: its dispatch call, or "
+           "the loop's previous callback, to its result; (call): what the program calls cost beside it, a call a "
+           "round or, in one program, the calls' time outside their rounds):", "",
            "| variant | verify | (call) | " + " | ".join(parts) + " | draft tree | hit rounds | tok/s | zero-idle tok/s |",
            "|---|" + "---|" * (len(parts) + 6)]
   for x, f in ssd:
