@@ -187,10 +187,12 @@ class SpecBook:
     """Commits a verified round: accepted drafts plus the bonus, cut at EOS and max_new_tokens. Without drafts
     (AR, K = 0) each committed token took one target forward, also in a chunk of steps (`drafts` then holds the
     tokens the target made before the bonus); a speculative round is one forward."""
+    drafted = np.shape(drafts)[-1] > 0  # a round with drafts (the target alone, rounds.finish_alone, has none)
     for i in np.flatnonzero(~self.done):
       a = int(accept_len[i])
-      self.reached[i, : min(a + 1, self.k)] += 1
-      self.accepted[i, :a] += 1
+      if drafted:
+        self.reached[i, : min(a + 1, self.k)] += 1
+        self.accepted[i, :a] += 1
       new = drafts[i, :a].tolist() + [int(bonus[i])]
       new, stopped = self.opts.cut_at_stop(new[: self.opts.max_new_tokens - len(self.out[i])])
       self.forwards[i] += len(new) if self.k == 0 else 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,8 +36,11 @@ from multiprocessing.connection import Connection
 from ..kernels.platform import device_platform
 from .base import Programs
 from .draft import make_draft_model
-from .speculator import Speculation
+from .speculator import DraftLost, Speculation
 from .tree_draft import TreeDraft
+
+
+SLOW_REPLY_S = 600.0
 
 
 def set_process_affinity(cores) -> None:
@@ -75,8 +79,10 @@ class DraftProcess:
   remote = True
   sync = False  # its TreeDraft drafts ahead while the target verifies
 
-  def __init__(self, init: dict, target_cores=None, draft_cores=None):
-    """init: TreeDraft's settings (cfg, params as host arrays, spec, attn_impl, calibration, record_ranks)."""
+  def __init__(self, init: dict, target_cores=None, draft_cores=None, timeout: float = 60.0):
+    """init: TreeDraft's settings (cfg, params as host arrays, spec, attn_impl, calibration, record_ranks);
+    timeout: seconds the target waits for any reply before it gives the child up (DraftLost)."""
+    self.timeout, self._slow = timeout, False
     self.target_cores, self.draft_cores = split_cores(target_cores, draft_cores)
     self._init = init
     self._proc = self._conn = None
@@ -115,18 +121,32 @@ class DraftProcess:
     self.receive()
 
   def send(self, call: str, arg=None) -> None:
-    self._conn.send((call, arg))
-
-  def receive(self):
-    if not self._conn.poll(600):
-      raise RuntimeError("the draft process did not answer within 600 s")
+    self._slow = call in ("init", "prepare")  # its reply waits for the child's start or compiles
     try:
+      self._conn.send((call, arg))
+    except OSError:  # a broken pipe: the child is gone
+      raise DraftLost(self._gone()) from None
+
+  def receive(self, timeout: float | None = None):
+    """Returns the child's next reply; DraftLost when it exited, failed, or sent nothing within `timeout` seconds
+    (default: self.timeout; the replies to init and prepare, which wait for the child's start and compiles, at least
+    SLOW_REPLY_S)."""
+    if timeout is None:
+      timeout = max(self.timeout, SLOW_REPLY_S) if self._slow else self.timeout
+    try:
+      if not self._conn.poll(timeout):
+        raise DraftLost(f"the draft process did not answer within {timeout:g} s")
       kind, payload = self._conn.recv()
-    except (EOFError, ConnectionResetError):
-      raise RuntimeError("the draft process exited unexpectedly") from None
+    except (EOFError, OSError):
+      raise DraftLost(self._gone()) from None
     if kind == "error":
-      raise RuntimeError(f"draft process failed:\n{payload}")
+      last = payload.strip().splitlines()[-1] if payload.strip() else "?"
+      raise DraftLost(f"the draft process failed ({last})\n{payload}")
     return payload
+
+  def _gone(self) -> str:
+    code = self._proc.poll() if self._proc is not None else None
+    return "the draft process exited" + (f" (exit code {code})" if code is not None else "")
 
   def draft_ahead(self) -> None:
     pass  # the child dispatches its tree as soon as it has replied
@@ -166,14 +186,17 @@ class DraftProcess:
 
 
 def worker_entry(fd: str, cores: str):
-  """The draft process: pins itself, builds its TreeDraft on 'init', then answers every call until 'stop'."""
+  """The draft process: pins itself, builds its TreeDraft on 'init', then answers every call until 'stop' or until
+  the target's end of the pipe closes. Ctrl-C at a terminal reaches the whole process group: the target decides
+  what becomes of this process (it stops or kills it), so SIGINT is ignored here."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   set_process_affinity([int(c) for c in cores.split(",")])
   conn = Connection(int(fd))
   side = None
   while True:
     try:
       call, arg = conn.recv()
-    except (EOFError, KeyboardInterrupt):
+    except (EOFError, OSError):
       return
     if call == "stop":
       return
@@ -188,8 +211,13 @@ def worker_entry(fd: str, cores: str):
       # built, unasked, so that the target finds the next speculation there the moment its verify ends.
       if side is not None and side.draft_ahead():
         conn.send(("ok", side.cache()))
+    except OSError:  # the pipe is closed: the target is gone or gave this process up
+      return
     except Exception:
-      conn.send(("error", traceback.format_exc()))
+      try:
+        conn.send(("error", traceback.format_exc()))
+      except OSError:
+        return
 
 
 def _tree_draft(cfg, params, spec, attn_impl, calibration, record_ranks) -> TreeDraft:

@@ -96,7 +96,8 @@ class SpecOptions:
   lengths by Theorem 12, from the draft's calibration at the run's temperature (`fan_outs`). backup: the speculator
   on a cache miss ('neural', 'fast', 'ngram', or 'auto': Theorem 17 from measured statistics). saguaro_c < 1
   down-weights the draft's top tokens (Saguaro sampling). placement: SSD's draft on its own JAX device of this process
-  ('devices') or in a child process on its own CPU cores ('processes').
+  ('devices') or in a child process on its own CPU cores ('processes'). draft_timeout: seconds the target waits for
+  a draft process's reply before it finishes the run without it (its start and compiles get at least 600).
   """
   k: int | str = 2
   fan_out: tuple[int, ...] | int | str = 3
@@ -105,6 +106,7 @@ class SpecOptions:
   backup: str = "neural"
   saguaro_c: float = 1.0
   placement: str = "devices"
+  draft_timeout: float = 60.0
 
   def __post_init__(self):
     if self.k == AUTO:
@@ -141,6 +143,9 @@ class SpecOptions:
     if not 0 < self.saguaro_c <= 1:
       raise ValueError(f"Saguaro C must be in (0, 1], got {self.saguaro_c}")
     check_choice("SSD placement", self.placement, PLACEMENTS)  # resolved: settings.SSD_PLACEMENTS less 'auto'
+    if isinstance(self.draft_timeout, bool) or not isinstance(self.draft_timeout, (int, float)) \
+        or not 0 < self.draft_timeout < float("inf"):
+      raise ValueError(f"draft timeout must be a number of seconds > 0, got {self.draft_timeout!r}")
 
   @property
   def auto(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Sequence
 
 import jax
@@ -24,7 +25,7 @@ from ..kernels.platform import device_platform
 from . import sd_chunk, ssd_loop
 from .base import SpecBook, StreamFn, cache_slots, chunk_lookahead, pad_prompts
 from .options import DecodeOptions
-from .speculator import DraftJob, Outcome
+from .speculator import DraftJob, DraftLost, DraftLostWarning, Outcome
 from .steps import (VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, pick_branch, prefill, serve_q, stream_key,
                     verify)
 
@@ -155,16 +156,30 @@ class TargetSide:
 def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
              ) -> RunResult:
   """Runs the loop for `prompts` with the draft side behind `link` (speculator.InProcessDraft or
-  draft_process.DraftProcess: send / receive / draft_ahead); returns what the decoder reports from."""
+  draft_process.DraftProcess: send / receive / draft_ahead); returns what the decoder reports from.
+
+  A draft side that is lost (DraftLost: its process exited, was killed or stopped answering, or it failed) costs the
+  run its speed, not its answer: the loops stop where the book is committed, one DraftLostWarning says so, and the
+  target finishes alone (`finish_alone`: AR steps, the same tokens at temperature 0); timing's `rounds_alone` (per
+  row) and `draft_lost` say so, and the draft side's statistics are None."""
   dec.check([len(p) for p in prompts], opts.max_new_tokens)
   tokens, lengths = pad_prompts(prompts)
   for_draft = _for_draft(dec, link)
+  lost = []  # the DraftLost that ended the draft side, if one did
+
+  def draft(fn, *args):  # a call to the draft side before the rounds
+    if not lost:
+      try:
+        return fn(*args)
+      except DraftLost as e:
+        lost.append(e)
+
   with link.session():
     # The draft side compiles its programs and sets up its cache while the target compiles its own.
-    link.send("prepare", DraftJob([list(map(int, p)) for p in prompts], opts))
+    draft(link.send, "prepare", DraftJob([list(map(int, p)) for p in prompts], opts))
     n = opts.sd_chunk if sd_chunk.fusable(dec, link) else 0
     target = TargetSide(dec, tokens, lengths, opts, n)
-    link.receive()
+    draft(link.receive)
     chunks = sd_chunk.Chunks(target, link.side, n) if n > 1 else None
     if chunks is not None:
       chunks.compile()
@@ -173,65 +188,111 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
     t0 = time.perf_counter()
     if dec.feature_layers:  # the draft's prefill reads the target's
       first, feats = target.prefill()
-      link.send("prefill", for_draft(feats))
+      draft(link.send, "prefill", for_draft(feats))
     else:  # both prefill at once
-      link.send("prefill")
+      draft(link.send, "prefill")
       first, _ = target.prefill()
-    link.receive()
+    draft(link.receive)
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, first, opts, dec.k, time.perf_counter())
     if stream is not None:
       stream(0, book.out[0][:])
-    if chunks is not None:
+    if lost:
+      timing = dict(ssd_loop.no_rounds(target), lost=(lost[0], target.first, 0))
+    elif chunks is not None:
       timing = chunks.run(book, first, stream)
     elif not link.sync:  # a draft side that drafts ahead (SSD)
       timing = (ssd_loop.run(target, link, book, first, stream) if ssd_loop.usable(target.dec, link)
                 else ssd_loop.ssd_rounds_host(target, link, book, first, stream, for_draft))
     else:
       timing = _rounds(target, link, book, first, stream, for_draft)
-    link.send("stats")
-    stats = link.receive()
+    stop = timing.pop("lost", None)
+    if stop is None:
+      link.send("stats")
+      stats = link.receive()
+    else:
+      timing = _go_on_alone(target, link, book, stop, stream, timing)
+      stats = None
   return RunResult(book, t_prefill, t0 + t_prefill, timing, stats)
+
+
+def _go_on_alone(target, link, book, stop, stream, timing) -> dict:
+  """Finishes a run whose draft side was lost (stop: the DraftLost, the target's array of the last committed token,
+  the rounds committed); returns `timing` with rounds_alone ([B]: each row's steps without it) and draft_lost."""
+  error, last, rnd = stop
+  if getattr(link, "remote", False):
+    link.abort()  # exited, killed or silent: its state is void either way
+  what = str(error).splitlines()[0]
+  if not book.done.all():
+    warnings.warn(f"{what}; the target finishes the run alone (AR) from round {rnd + 1}", DraftLostWarning,
+                  stacklevel=4)
+  return dict(timing, rounds_alone=finish_alone(target, book, last, rnd, stream), draft_lost=what)
+
+
+def finish_alone(target: TargetSide, book: SpecBook, last, rnd: int, stream=None) -> np.ndarray:
+  """Runs the target alone from round rnd + 1 until every row is done: AR steps (a verify of no drafts), x_L the
+  target's array `last` of the last committed token; returns [B] the steps each row took. At temperature 0 its
+  tokens are AR's."""
+  b, v = len(book.out), target.dec.tcfg.vocab_size
+  none, q = target.rep(np.zeros((b, 0), np.int32)), target.rep(np.zeros((b, 0, v), np.float32))
+  steps = np.zeros(b, np.int64)
+  while not book.done.all():
+    steps += ~book.done
+    acc, last, _, _ = target.verify(none, q, *target.stage(book, rnd + int(steps.max()), last))
+    book.commit(target.fetch(acc), target.fetch(last), np.zeros((b, 0), np.int32), time.perf_counter(), stream)
+  return steps
 
 
 def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) -> dict:
   """Runs rounds until every row is done; returns the target's timings and traffic. `idle` is the target's time
-  between a verify's result and the next dispatch (for SD: drafting plus the commit; SSD hides its drafting)."""
+  between a verify's result and the next dispatch (for SD: drafting plus the commit; SSD hides its drafting). A lost
+  draft side ends the rounds once the verify in hand is committed (timing's `lost`: generate goes on alone)."""
   t = dict.fromkeys(("idle", "wait", "verify", "commit"), 0.0)
   bytes_in = bytes_out = rnd = 0
-  link.send("first", first)
-  t_verified = time.perf_counter()
-  nxt = target.stage(book, 1, target.first)
-  spec = link.receive()
-  while spec is not None:
-    rnd += 1
-    bytes_in += spec.tokens.nbytes + spec.q.nbytes
-    tokens, q = target.to_target(spec)
-    if link.sync:
-      tokens.block_until_ready()  # a draft that drafts after the outcome (SD): its time ends here, not in the verify's
-    t_dispatch = time.perf_counter()
-    t["idle"] += t_dispatch - t_verified
-    acc, bonus, feats, made = target.verify(tokens, q, *nxt)
-    link.draft_ahead()  # after the verify's dispatch: the target starts first
-    # A draft side in this process may read the outcome from the verify's own arrays (SD's chain: on the device).
-    on_target = None if link.remote else (acc, bonus, nxt[1])
-    last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
-    made = None if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
-    drafts = spec.tokens if made is None else made
-    feats = for_draft(feats)
+  last, pending = target.first, None  # pending: a verify dispatched and not yet committed
+
+  def timing(**more):
+    return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=target.programs.compile_seconds,
+                **more)
+
+  try:
+    link.send("first", first)
     t_verified = time.perf_counter()
-    t["verify"] += t_verified - t_dispatch
-    # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
-    # while the draft looks the outcome up, instead of before it can start.
-    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target, made=made))
-    bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
-    t_sent = time.perf_counter()
-    book.commit(acc, bonus, np.asarray(drafts), t_verified, stream)
-    nxt = target.stage(book, rnd + 1, last)
-    t["commit"] += time.perf_counter() - t_sent
+    nxt = target.stage(book, 1, target.first)
     spec = link.receive()
-    t["wait"] += time.perf_counter() - t_verified
-  return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=target.programs.compile_seconds)
+    while spec is not None:
+      rnd += 1
+      bytes_in += spec.tokens.nbytes + spec.q.nbytes
+      tokens, q = target.to_target(spec)
+      if link.sync:
+        tokens.block_until_ready()  # a draft that drafts after the outcome (SD): its time ends here, not the verify's
+      t_dispatch = time.perf_counter()
+      t["idle"] += t_dispatch - t_verified
+      acc, bonus, feats, made = target.verify(tokens, q, *nxt)
+      pending = (acc, bonus, made, spec.tokens)
+      link.draft_ahead()  # after the verify's dispatch: the target starts first
+      # A draft side in this process may read the outcome from the verify's own arrays (SD's chain: on the device).
+      on_target = None if link.remote else (acc, bonus, nxt[1])
+      last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+      made = None if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
+      drafts = spec.tokens if made is None else made
+      feats = for_draft(feats)
+      t_verified = time.perf_counter()
+      t["verify"] += t_verified - t_dispatch
+      # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
+      # while the draft looks the outcome up, instead of before it can start.
+      link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target, made=made))
+      bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+      t_sent = time.perf_counter()
+      book.commit(acc, bonus, np.asarray(drafts), t_verified, stream)
+      pending = None
+      nxt = target.stage(book, rnd + 1, last)
+      t["commit"] += time.perf_counter() - t_sent
+      spec = link.receive()
+      t["wait"] += time.perf_counter() - t_verified
+  except DraftLost as e:
+    return timing(lost=(e, ssd_loop.settle(target, book, pending, last, stream), rnd))
+  return timing()
 
 
 def _for_draft(dec, link):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..models.config import ModelConfig
 from ..kernels.platform import device_platform
 from ..models.kv_cache import cache_dtype
@@ -55,5 +57,8 @@ class SDDecoder:
     # The target is idle while the chain drafts and while it commits an outcome; in chunks of rounds (sd_chunk.py)
     # the chains run inside the calls, and their time is counted in verify_seconds.
     timing = {"draft_seconds": round(t["idle"] - t["commit"], 4), "verify_seconds": round(t["verify"], 4),
-              "compile_seconds": round(t["compile"], 3)}
-    return r.book.results(self.mode, r.t_prefill, r.t_start, lambda i: timing)
+              "compile_seconds": round(t["compile"], 3), "draft_lost": t.get("draft_lost")}
+    # a draft side that failed mid-run: each row's rounds the target ran alone after it
+    alone = t.get("rounds_alone", np.zeros(len(prompts), np.int64))
+    return r.book.results(self.mode, r.t_prefill, r.t_start,
+                          lambda i: dict(timing, rounds_without_draft=int(alone[i])))

@@ -111,8 +111,18 @@ class DraftSide(Protocol):
   drafts_ahead: bool  # whether it drafts while the target verifies (SSD), or only once the outcome is known
 
 
+class DraftLost(RuntimeError):
+  """The draft side is gone: its process exited, was killed or stopped answering, or (in this process) it failed.
+  The loops catch it, and the target finishes the run alone (rounds.finish_alone)."""
+
+
+class DraftLostWarning(UserWarning):
+  """Said once when a run goes on without its draft side (decode.py shows it as one line)."""
+
+
 class InProcessDraft:
-  """Calls a draft side in this process: `send` runs the call at once, `receive` returns its reply."""
+  """Calls a draft side in this process: `send` runs the call at once, `receive` returns its reply. An error the
+  draft side raises reaches the loop as DraftLost (chained to it)."""
 
   remote = False
 
@@ -124,7 +134,14 @@ class InProcessDraft:
     return contextlib.nullcontext()
 
   def send(self, call: str, arg=None) -> None:
-    self._reply = getattr(self.side, call)(arg)
+    self._reply = self._guarded(getattr(self.side, call), arg)
+
+  @staticmethod
+  def _guarded(fn, *args):
+    try:
+      return fn(*args)
+    except Exception as e:
+      raise DraftLost(f"the draft side failed ({type(e).__name__}: {e})") from e
 
   def receive(self):
     reply, self._reply = self._reply, None
@@ -132,11 +149,11 @@ class InProcessDraft:
 
   def draft_ahead(self) -> None:
     """Lets the draft start on the next round now that the target has dispatched its verify."""
-    self.side.draft_ahead()
+    self._guarded(self.side.draft_ahead)
 
   def cache(self) -> "SpecCache":
     """Returns the speculation cache the draft side built while the target verified (it waits for the tree)."""
-    return self.side.cache()
+    return self._guarded(self.side.cache)
 
   def close(self) -> None:
     pass

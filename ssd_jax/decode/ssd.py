@@ -68,7 +68,7 @@ class SSDDecoder:
       self.ddev = self.dparams = None  # in the child process
       self.draft = DraftProcess(dict(cfg=draft_cfg, params=jax.device_get(draft_params), spec=spec,
                                      attn_impl=attn_impl, calibration=calibration, record_ranks=record_ranks),
-                                target_cores, draft_cores)
+                                target_cores, draft_cores, timeout=spec.draft_timeout)
 
   def close(self):
     """Stops the draft process, if the draft side runs in one."""
@@ -82,7 +82,16 @@ class SSDDecoder:
   def generate(self, prompts: Sequence[Sequence[int]], opts: DecodeOptions, stream: StreamFn | None = None
                ) -> list[DecodeResult]:
     r = rounds.generate(self, self.draft, prompts, opts, stream)
-    return r.book.results(self.mode, r.t_prefill, r.t_start, lambda i: self._extra(r.draft_stats, r.timing, i))
+    s = r.draft_stats or self._no_stats(len(prompts))  # None: the draft side was lost mid-run
+    return r.book.results(self.mode, r.t_prefill, r.t_start, lambda i: self._extra(s, r.timing, i))
+
+  def _no_stats(self, b: int) -> dict:
+    """The draft side's statistics when it was lost (what it counted went with it): none."""
+    k1 = self.k + 1
+    return {"hits": np.zeros(b), "hits_by_len": np.zeros((b, k1)), "rounds_by_len": np.zeros((b, k1)),
+            "backups_used": {}, "neural_s": 0.0, "tree_s": 0.0, "cache_bytes": 0, "phase_s": {},
+            "ranks": [[] for _ in range(b)], "fan_out": self.spec.fan_out, "fan_out_miss": self.spec.fan_out_miss,
+            "compile_seconds": 0.0}
 
   def _extra(self, s: dict, t: dict, i: int) -> dict:
     """Returns row i's SSD statistics from the draft side's (s) and the target's (t)."""
@@ -102,6 +111,9 @@ class SSDDecoder:
             "loop_rounds": t["rounds"], "hit_rounds": t["hit_rounds"],
             "verify_call_seconds": round(t["dispatch_call"], 4),  # the dispatch calls' part of verify_seconds
             "target_program_calls": t["calls"],  # a verify a round, or many rounds a program (ssd_loop.py)
+            # a draft side lost mid-run (its process exited, was killed or went silent): the rounds after it
+            "rounds_without_draft": int(t["rounds_alone"][i]) if "rounds_alone" in t else 0,
+            "draft_lost": t.get("draft_lost"),
             "draft_phase_seconds": {p: round(v, 4) for p, v in s["phase_s"].items()},
             "compile_seconds": round(compile_s, 3),
             "bytes_per_round": {"target_to_draft": round(t["bytes_out"] / rounds),

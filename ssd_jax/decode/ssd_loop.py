@@ -29,7 +29,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from ..models.config import ModelConfig
-from .speculator import HIT, Outcome, cached_tokens, find
+from .speculator import HIT, DraftLost, Outcome, cached_tokens, find
 from .steps import verify
 
 ROUNDS_PER_CALL = 64  # ~1 s of rounds on a CPU: the longest a Ctrl-C waits
@@ -56,65 +56,91 @@ def ssd_rounds_host(target, link, book, first, stream, for_draft) -> dict:
                 commit=parts["commit"], rounds=rnd, hit_rounds=hit_rounds, bytes_in=bytes_in, bytes_out=bytes_out,
                 compile=target.programs.compile_seconds, calls=rnd)
 
-  link.send("first", first)
-  spec = link.receive()
-  if spec is None:
-    return timing()
-  bytes_in += _nbytes(spec)
-  rnd, last, served = 1, target.first, spec.tokens
-  nxt = target.stage(book, rnd, last)
-  tokens, q = target.to_target(spec)
-  t_dispatch = time.perf_counter()
-  acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
-  target.key_ahead(rnd + 1)
-  link.draft_ahead()
-  while True:
-    last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
-    feats = for_draft(feats)
-    t_verified = time.perf_counter()
-    t["verify"] += t_verified - t_dispatch
-    book.commit(acc, bonus, np.asarray(served), t_verified, stream)
-    t_commit = time.perf_counter()
-    cache = link.cache()  # built while the verify ran: normally here already
-    t_cache = time.perf_counter()
-    bytes_in += cache.nbytes
-    outcome = Outcome(acc, bonus, t_verified - t_dispatch, feats)
-    bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
-    if book.done.all():  # no next dispatch: the last round's commit is no idle time
-      link.send("outcome", outcome)
-      _expect(link.receive(), None)
-      break
-    rnd += 1
-    hit, branch = find(cache, acc, bonus)
+  last, pending, committed = target.first, None, 0  # pending: a verify dispatched and not yet committed
+  try:
+    link.send("first", first)
+    spec = link.receive()
+    if spec is None:
+      return timing()
+    bytes_in += _nbytes(spec)
+    rnd, served = 1, spec.tokens
     nxt = target.stage(book, rnd, last)
-    was_hit = bool(hit[~book.done].all())
-    if was_hit:
-      hit_rounds += 1
-      served = cached_tokens(cache, branch)
-      tokens, q = target.from_cache(cache, branch, served)
-      t_found = t_sent = time.perf_counter()
-    else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
-      t_found = time.perf_counter()
-      link.send("outcome", outcome)
-      spec = link.receive()
-      t_sent = time.perf_counter()
-      bytes_in += _nbytes(spec)
-      served = spec.tokens
-      tokens, q = target.to_target(spec)
+    tokens, q = target.to_target(spec)
     t_dispatch = time.perf_counter()
     acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
-    # The call's own time counts as the verify's, as in every mode: on a core of its own the program starts as the
-    # call returns, so the call's wall time is part host work (its arguments), part the verify running.
-    t["dispatch_call"] += time.perf_counter() - t_dispatch
+    pending = (acc, bonus, None, served)
     target.key_ahead(rnd + 1)
-    for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
-                                        t_sent - t_found, t_dispatch - t_sent)):
-      parts[part] += span
-    if was_hit:  # the outcome goes to the draft side once the next verify runs
-      link.send("outcome", outcome)
-      _expect(link.receive(), HIT)
     link.draft_ahead()
+    while True:
+      last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+      feats = for_draft(feats)
+      t_verified = time.perf_counter()
+      t["verify"] += t_verified - t_dispatch
+      book.commit(acc, bonus, np.asarray(served), t_verified, stream)
+      pending, committed = None, committed + 1
+      t_commit = time.perf_counter()
+      cache = link.cache()  # built while the verify ran: normally here already
+      t_cache = time.perf_counter()
+      bytes_in += cache.nbytes
+      outcome = Outcome(acc, bonus, t_verified - t_dispatch, feats)
+      bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+      if book.done.all():  # no next dispatch: the last round's commit is no idle time
+        link.send("outcome", outcome)
+        _expect(link.receive(), None)
+        break
+      rnd += 1
+      hit, branch = find(cache, acc, bonus)
+      nxt = target.stage(book, rnd, last)
+      was_hit = bool(hit[~book.done].all())
+      if was_hit:
+        hit_rounds += 1
+        served = cached_tokens(cache, branch)
+        tokens, q = target.from_cache(cache, branch, served)
+        t_found = t_sent = time.perf_counter()
+      else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
+        t_found = time.perf_counter()
+        link.send("outcome", outcome)
+        spec = link.receive()
+        t_sent = time.perf_counter()
+        bytes_in += _nbytes(spec)
+        served = spec.tokens
+        tokens, q = target.to_target(spec)
+      t_dispatch = time.perf_counter()
+      acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
+      pending = (acc, bonus, None, served)
+      # The call's own time counts as the verify's, as in every mode: on a core of its own the program starts as
+      # the call returns, so the call's wall time is part host work (its arguments), part the verify running.
+      t["dispatch_call"] += time.perf_counter() - t_dispatch
+      target.key_ahead(rnd + 1)
+      for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
+                                          t_sent - t_found, t_dispatch - t_sent)):
+        parts[part] += span
+      if was_hit:  # the outcome goes to the draft side once the next verify runs
+        link.send("outcome", outcome)
+        _expect(link.receive(), HIT)
+      link.draft_ahead()
+  except DraftLost as e:  # the verify in hand is committed; generate goes on without the draft side
+    last = settle(target, book, pending, last, stream)
+    rnd = committed + (pending is not None)
+    return dict(timing(), lost=(e, last, rnd))
   return timing()
+
+
+def settle(target, book, pending, last, stream):
+  """Commits `pending` (accept_len, bonus, made or None, drafts: a verify dispatched but not yet committed when the
+  draft side was lost), if any; returns the target's array of the last committed token (`last` when none was)."""
+  if pending is None:
+    return last
+  acc, bonus, made, drafts = pending
+  drafts = drafts if made is None else target.fetch(made)
+  book.commit(target.fetch(acc), target.fetch(bonus), np.asarray(drafts), time.perf_counter(), stream)
+  return bonus
+
+
+def no_rounds(target) -> dict:
+  """The timings of a run that ran no round with its draft side (every mode's keys)."""
+  return dict(verify=0.0, dispatch_call=0.0, parts=dict.fromkeys(ROUND_PARTS, 0.0), idle=0.0, wait=0.0, commit=0.0,
+              rounds=0, hit_rounds=0, bytes_in=0, bytes_out=0, compile=target.programs.compile_seconds, calls=0)
 
 
 def _nbytes(spec) -> int:
@@ -184,7 +210,7 @@ class HostRounds:
     self.t = dict.fromkeys(("verify", "dispatch_call"), 0.0)
     self.parts = dict.fromkeys(ROUND_PARTS, 0.0)
     self.bytes_in = self.bytes_out = self.hit_rounds = 0
-    self.rnd, self.pending_hit, self.error = 1, False, None
+    self.rnd, self.verified, self.pending_hit, self.error, self.lost = 1, 0, False, None, None
     self.stream = None
     self.t_dispatch = time.perf_counter()
     with _LOCK:
@@ -199,9 +225,11 @@ class HostRounds:
     An error is kept for the caller (raised once the program returns) and ends the loop."""
     try:
       return self._round(np.asarray(accept_len), np.asarray(bonus), feats)
+    except DraftLost as e:  # the outcome is committed: the run goes on without the draft side (rounds.generate)
+      self.lost = e
     except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
       self.error = self.error or e
-      return self._stop()
+    return self._stop()
 
   def _stop(self):
     b, k = self.served.shape
@@ -222,6 +250,7 @@ class HostRounds:
     self.t["verify"] += t_verified - self.t_dispatch
     link, book = self.link, self.book
     book.commit(acc, bonus, self.served, t_verified, self.stream)
+    self.verified += 1
     t_commit = time.perf_counter()
     if self.pending_hit:  # the draft process's reply to the last outcome: it found the same hits
       self.pending_hit = False
@@ -266,7 +295,7 @@ class HostRounds:
     """The target's timings as `ssd_rounds_host` reports them."""
     p = self.parts
     return dict(self.t, parts=p, idle=sum(p.values()), wait=p["cache_wait"] + p["backup_wait"], commit=p["commit"],
-                rounds=self.rnd, hit_rounds=self.hit_rounds,
+                rounds=self.verified, hit_rounds=self.hit_rounds,
                 bytes_in=self.bytes_in, bytes_out=self.bytes_out,
                 compile=self.target.programs.compile_seconds)
 
@@ -275,12 +304,13 @@ def run(target, link, book, first, stream) -> dict:
   """SSD's rounds for a draft process, in programs of up to ROUNDS_PER_CALL rounds (ssd_rounds); returns the
   target's timings as `ssd_rounds_host` does (`calls`: the programs run)."""
   dec, greedy = target.dec, float(target.temp) == 0.0
-  link.send("first", first)
-  spec = link.receive()
+  try:
+    link.send("first", first)
+    spec = link.receive()
+  except DraftLost as e:
+    return dict(no_rounds(target), lost=(e, target.first, 0))
   if spec is None:
-    return dict(verify=0.0, dispatch_call=0.0, parts=dict.fromkeys(ROUND_PARTS, 0.0), idle=0.0, wait=0.0,
-                commit=0.0, rounds=0, hit_rounds=0, bytes_in=0, bytes_out=0, compile=target.programs.compile_seconds,
-                calls=0)
+    return no_rounds(target)
   head = None if dec.head is None else np.asarray(dec.placement.fetch(dec.head["head_ids"]))
   host = HostRounds(target, link, book, np.asarray(spec.tokens), greedy, head)
   host.stream, host.bytes_in = stream, spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
@@ -300,6 +330,8 @@ def run(target, link, book, first, stream) -> dict:
       calls += 1
       if host.error is not None:
         raise host.error
+      if host.lost is not None:  # round host.verified is committed; `prev` holds its bonus
+        return dict(host.timing(), calls=calls, lost=(host.lost, prev, host.verified))
       if not go:
         break
       rnd += n
