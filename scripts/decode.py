@@ -5,25 +5,27 @@
   python scripts/decode.py --prompt "Write a haiku" --temperature 0.7 --seed 1 --stream
   python scripts/decode.py --prompts prompts.jsonl --json-out out.jsonl --batch-size 4
 
---prompts takes one {"prompt": ...} object per line. --json-out writes one JSON object per prompt, in input order:
-{"prompt", "token_ids", "text", "stats"}.
+--prompts takes one {"prompt": ...} object per line. --json-out writes one JSON object per prompt, in input order,
+as each batch finishes: {"prompt", "token_ids", "text", "stats", "settings"}. Ctrl-C or SIGTERM keeps every answer
+finished (exit code 130 or 143); --resume then answers only the prompts the file lacks, with the same settings.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
+import signal
 import sys
 import warnings
 
 from ssd_jax import distributed, settings
 from ssd_jax.cli_util import braces, check_output_file, fail, k_arg, run_main, split_cpu, warn
+from ssd_jax.results_file import ResultsFile, settings_of
 from ssd_jax.decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, SpecOptions  # no JAX
 
 DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence, then name two famous sights there."
 # Options only some modes read (argparse dests): a run of another mode warns that they do nothing.
-SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c", "ssd_placement")
+SSD_ONLY = ("fan_out", "fan_out_miss", "fan_out_strategy", "backup", "saguaro_c", "ssd_placement", "draft_timeout")
 DRAFT_ONLY = ("k", "draft_head_vocab", "draft_weights")  # sd and ssd
 
 
@@ -48,6 +50,9 @@ def make_parser() -> argparse.ArgumentParser:
                       "(scripts/calibrate_fan_out.py)")
   p.add_argument("--backup", default="neural", metavar=braces(BACKUPS),
                  help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
+  p.add_argument("--draft-timeout", type=float, default=60.0,
+                 help="ssd: seconds to wait for a draft process's reply; past it (or when the process exits) the "
+                      "run goes on without it, the target alone (one line says so)")
   p.add_argument("--saguaro-c", type=float, default=1.0,
                  help="ssd: Saguaro sampling, the draft's top tokens down-weighted by C in (0, 1] (1 = off)")
   p.add_argument("--target", default="smollm2-135m-instruct",
@@ -76,7 +81,10 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--thinking", choices=["on", "off"], default=None,
                  help="the chat template's thinking switch (Qwen3's enable_thinking; default: the template's)")
   p.add_argument("--stream", action="store_true", help="print the text of a single prompt as it is produced")
-  p.add_argument("--json-out", help="write one JSON object per prompt to this file")
+  p.add_argument("--json-out", help="write one JSON object per prompt to this file, each as its batch finishes")
+  p.add_argument("--resume", action="store_true",
+                 help="with --json-out: keep the answers already in the file (written with the same settings) and "
+                      "answer only the prompts it lacks")
   p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
                  help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
                       "kernel) or pallas (kernels; interpret mode on CPU: slow)")
@@ -118,9 +126,12 @@ def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
                        seed=args.seed, ignore_eos=args.ignore_eos, ar_chunk=args.ar_chunk,
                        sd_chunk=args.sd_chunk)
   spec = SpecOptions(k=args.k, fan_out=args.fan_out, fan_out_miss=args.fan_out_miss,
-                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c)
+                     fan_out_strategy=args.fan_out_strategy, backup=args.backup, saguaro_c=args.saguaro_c,
+                     draft_timeout=args.draft_timeout)
   if args.json_out:
     check_output_file(args.json_out, "--json-out")
+  elif args.resume:
+    fail("--resume continues a --json-out file: give --json-out")
   if args.raw and args.thinking:
     fail("--thinking is a chat template switch; --raw bypasses the template")
   return spec, opts
@@ -167,12 +178,38 @@ def check_calibration(args, draft_path: str | None) -> None:
   read_calibration(os.path.join(draft_path, CALIBRATION_FILE))  # a missing or malformed file: one line
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised where Ctrl-C would be: the run stops the same way (exit code 143)."""
+
+
+def show_answer(args, g, index: int, total: int) -> None:
+  """Prints one finished answer (unless it was streamed) and its statistics line."""
+  if args.stream:
+    print()
+  else:
+    if total > 1:
+      print(f"=== [{index + 1}] {g.prompt[:70]!r}")
+    print(g.text, flush=True)
+  s = g.stats
+  print(f"--- {s['mode']}: {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, "
+        f"{s['tokens_per_target_forward']:.2f} tokens/target forward, prefill {s['prefill_seconds']:.2f} s"
+        + (f", acceptance {s['acceptance_rate']:.2f}" if "acceptance_rate" in s else "")
+        + (f", cache hits {s['cache_hit_rate']:.2f}, target idle {s['target_idle_seconds']:.2f} s"
+           if "cache_hit_rate" in s else ""), file=sys.stderr, flush=True)
+
+
 def main(argv=None):
   args = parse_args(argv)
   spec, opts = check_args(args)
   prompts = read_prompts(args)
   if args.stream and len(prompts) != 1:
     fail("--stream needs exactly one prompt")
+  out = None  # the --json-out file, read and checked (--resume) before any model loads
+  if args.json_out and distributed.is_main():
+    out = ResultsFile(args.json_out, settings_of(args), prompts, args.resume)
+    if not out.todo:
+      print(f"every prompt already has its answer in {args.json_out}", file=sys.stderr)
+      return 0
   _, nproc, _ = distributed.settings(args.coordinator, args.num_processes, args.process_id)
   split_cpu(max(2, distributed.local_devices_needed(args.target_devices, args.draft_devices, nproc)))
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)  # before any device is touched
@@ -203,34 +240,44 @@ def main(argv=None):
   plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec))
   pipe = api.load_prepared(plan)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
-  warnings.simplefilter("always", api.SlowerThanAR)  # one line each, as the CLI's other warnings; others as before
+  one_line = (api.SlowerThanAR, api.DraftLostWarning)
+  for category in one_line:  # one line each, as the CLI's other warnings; others as before
+    warnings.simplefilter("always", category)
   show = warnings.showwarning
   warnings.showwarning = lambda message, category, *a, **kw: (
-      warn(str(message)) if issubclass(category, api.SlowerThanAR) else show(message, category, *a, **kw))
-  gens = pipe.generate(prompts, mode=args.mode, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
-                       top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size, ignore_eos=opts.ignore_eos,
-                       ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk,
-                       chat=not args.raw, stream=stream, spec=spec, **switches)
-  if args.stream:
-    print()
-  if args.json_out and distributed.is_main():
-    try:
-      with open(args.json_out, "w", encoding="utf-8") as f:
-        for g in gens:
-          f.write(json.dumps(g.to_dict(), ensure_ascii=False) + "\n")
-    except OSError as e:  # checked before decoding; this is the disk filling up or the like
-      fail(f"--json-out {args.json_out} could not be written ({e.strerror})")
-  for i, g in enumerate(gens if distributed.is_main() else []):
-    if not args.stream:
-      if len(gens) > 1:
-        print(f"=== [{i + 1}] {g.prompt[:70]!r}")
-      print(g.text)
-    s = g.stats
-    print(f"--- {s['mode']}: {s['new_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s decode, "
-          f"{s['tokens_per_target_forward']:.2f} tokens/target forward, prefill {s['prefill_seconds']:.2f} s"
-          + (f", acceptance {s['acceptance_rate']:.2f}" if "acceptance_rate" in s else "")
-          + (f", cache hits {s['cache_hit_rate']:.2f}, target idle {s['target_idle_seconds']:.2f} s"
-             if "cache_hit_rate" in s else ""), file=sys.stderr)
+      warn(str(message)) if issubclass(category, one_line) else show(message, category, *a, **kw))
+  if out is not None:
+    out.open()
+  todo = out.todo if out is not None else list(range(len(prompts)))
+
+  def finished(i: int, g) -> None:  # each answer as its batch finishes: to the file, then to the screen
+    if out is not None:
+      try:
+        out.write(g)
+      except OSError as e:  # checked before decoding; this is the disk filling up or the like
+        fail(f"--json-out {args.json_out} could not be written ({e.strerror})")
+    if distributed.is_main():
+      show_answer(args, g, todo[i], len(prompts))
+
+  def terminated(*_):
+    raise Terminated()
+
+  before = signal.signal(signal.SIGTERM, terminated)
+  try:
+    pipe.generate([prompts[i] for i in todo], mode=args.mode, max_new_tokens=opts.max_new_tokens,
+                  temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size,
+                  ignore_eos=opts.ignore_eos, ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk, chat=not args.raw,
+                  stream=stream, spec=spec, on_result=finished, **switches)
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
+    done = (out.answered_before + out.written) if out is not None else None
+    where = (f"; {done} of {len(prompts)} answers are in {args.json_out} (--resume answers the rest)"
+             if out is not None else "")
+    print(f"\ninterrupted{where}", file=sys.stderr)
+    return 143 if isinstance(e, Terminated) else 130
+  finally:
+    signal.signal(signal.SIGTERM, before)
+    if out is not None:
+      out.close()
   return 0
 
 

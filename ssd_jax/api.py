@@ -25,11 +25,15 @@ from .models import checkpoints, draft_weights, drafts, quant
 from .models.config import ModelConfig, check_same_vocabulary
 from .models.kv_cache import cache_dtype
 from .decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, auto_k
+from .decode import speculator
 from .theory.fan_out import CALIBRATION_FILE, read_calibration
 from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
 from .settings import MODES, SSD_PLACEMENTS, WEIGHTS, LoadSettings, check_batch_size, check_mode
 from .sharding import Placement, make_placement
 from .models.tokenizer import TextTokenizer
+
+
+DraftLostWarning = speculator.DraftLostWarning  # a run went on without its lost draft side
 
 
 class SlowerThanAR(UserWarning):
@@ -202,9 +206,11 @@ class Pipeline:
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int | str = "auto", fan_out=3,
                    fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
-                   saguaro_c: float = 1.0, spec: SpecOptions | None = None, **options):
+                   saguaro_c: float = 1.0, spec: SpecOptions | None = None,
+                   on_batch: Callable[[int, list], None] | None = None, **options):
     """Returns DecodeResult objects for token-id prompts, decoded `batch_size` at a time (mode, speculation
-    settings and options: as in generate). Every prompt is checked against the context before any is decoded."""
+    settings and options: as in generate). Every prompt is checked against the context before any is decoded.
+    on_batch(first, results), if given, is called as each batch finishes: its results, the first one's index."""
     check_batch_size(batch_size)
     opts = DecodeOptions(eos_id=self.tokenizer.eos_ids if self.tokenizer else None, **options)
     spec = self.spec_options(spec, k=k, fan_out=fan_out, fan_out_miss=fan_out_miss,
@@ -229,7 +235,10 @@ class Pipeline:
     results = []
     for i, (dec, chunk) in enumerate(batches):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None
-      results += dec.generate(chunk, opts, stream=cb)
+      done = dec.generate(chunk, opts, stream=cb)
+      if on_batch is not None:
+        on_batch(len(results), done)
+      results += done
     return results
 
   def generate(self, prompts: Sequence[str] | str, mode: str | None = None, max_new_tokens: int = 128,
@@ -238,7 +247,8 @@ class Pipeline:
                k: int | str = "auto", fan_out=3, fan_out_miss=None, fan_out_strategy: str = "uniform",
                backup: str = "neural", saguaro_c: float = 1.0, spec: SpecOptions | None = None,
                enable_thinking: bool | None = None, ar_chunk: int = DecodeOptions.ar_chunk,
-               sd_chunk: int = DecodeOptions.sd_chunk) -> list[Generation]:
+               sd_chunk: int = DecodeOptions.sd_chunk,
+               on_result: Callable[[int, Generation], None] | None = None) -> list[Generation]:
     """Returns one Generation per prompt, in input order.
 
     mode: 'ar', 'sd' (K draft tokens per round, `k`: 'auto' by default, chosen per batch from this machine's step
@@ -255,6 +265,8 @@ class Pipeline:
     the template's default; a template without it refuses True/False). ar_chunk: AR's target steps a call (the
     host's work per call paid once per chunk; the same tokens; stream then gets a chunk's text at a time);
     sd_chunk: SD's rounds a call, with a draft that reads tokens (the same tokens; streamed a chunk at a time).
+    on_result(index, generation), if given, gets each prompt's Generation as soon as its batch finishes (the
+    results so far survive an interrupted call; decode.py writes them out this way).
     """
     if isinstance(prompts, str):
       prompts = [prompts]
@@ -263,13 +275,19 @@ class Pipeline:
     switches = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
     ids = [self.encode_prompt(p, chat, **switches) for p in prompts]
     text_cb = self._text_streamer(stream) if stream is not None else None
+    gen = lambda i, r: Generation(prompts[i], r.token_ids, self.tokenizer.reply_text(r.token_ids),  # noqa: E731
+                                  r.stats.to_dict())
+
+    def batch_done(first: int, results) -> None:
+      for j, r in enumerate(results, first):
+        on_result(j, gen(j, r))
+
     res = self.generate_ids(ids, mode=mode, batch_size=batch_size, stream=text_cb, k=k, fan_out=fan_out,
                             fan_out_miss=fan_out_miss, fan_out_strategy=fan_out_strategy, backup=backup,
                             saguaro_c=saguaro_c, spec=spec, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, seed=seed, ignore_eos=ignore_eos, ar_chunk=ar_chunk,
-                            sd_chunk=sd_chunk)
-    return [Generation(p, r.token_ids, self.tokenizer.reply_text(r.token_ids), r.stats.to_dict())
-            for p, r in zip(prompts, res)]
+                            sd_chunk=sd_chunk, on_batch=None if on_result is None else batch_done)
+    return [gen(i, r) for i, r in enumerate(res)]
 
 
 def load(target: str = checkpoints.TARGET_NAME, draft: str | None = "default", attn_impl: str = "auto",
