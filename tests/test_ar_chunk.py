@@ -9,6 +9,8 @@ from ssd_jax.decode.base import Programs
 from ssd_jax.models import model
 from ssd_jax.models.config import tiny_config
 
+from test_sd import cut_at_first
+
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
 
@@ -36,16 +38,25 @@ def test_chunks_give_the_unfused_tokens(dec, setting, rows):
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_rows_stopping_mid_chunk(dec, setting):
-  """Stop ids taken from the unfused text end rows at different places inside chunks of 4 (row 0 at its 3rd token:
-  in the first chunk, after the prefill's token); the others run on to max_new_tokens 10 or their own stop."""
+  """Two stop ids taken from the unfused text (each at its first occurrence in a row, one in row 0's) end rows at
+  different places, some strictly inside a chunk of 3 and some inside a chunk of 4; every row is the free text cut at its first stop id, in one call a step and in chunks of 3 and 4, and each
+  row's target_forwards counts its own tokens, not the steps its chunks ran past its stop."""
   opts = dict(max_new_tokens=10, ignore_eos=True, **SETTINGS[setting])
   free = _run(dec, PROMPTS, 1, **opts)
-  stops = (free[0][2], free[3][5])
+  # Candidate stop ids: a token at its first occurrence in a row, past the prefill's. Take a pair, one of row 0's,
+  # that ends rows strictly inside a chunk of 3 and inside a chunk of 4 (tokens past the prefill's not a multiple).
+  firsts = lambda r: [t for j, t in enumerate(free[r]) if j >= 1 and t not in free[r][:j]]  # noqa: E731
+  inside = lambda want, n: any(len(w) < 10 and (len(w) - 1) % n for w in want)  # noqa: E731
+  pairs = [(a, b) for a in firsts(0) for r in (1, 2, 3) for b in firsts(r) if a != b]
+  stops = next(p for p in pairs if inside([cut_at_first(r, p) for r in free], 3)
+               and inside([cut_at_first(r, p) for r in free], 4))
+  want = [cut_at_first(r, stops) for r in free]
+  assert want[0][-1] == stops[0] and len({len(r) for r in want}) > 1, want
   opts.update(ignore_eos=False, eos_id=stops)
-  ref = _run(dec, PROMPTS, 1, **opts)
-  assert len(ref[0]) <= 3 and len({len(r) for r in ref}) > 1, ref
-  for n in (3, 4):
-    assert _run(dec, PROMPTS, n, **opts) == ref, n
+  for n in (1, 3, 4):
+    res = dec.generate(PROMPTS, DecodeOptions(ar_chunk=n, **opts))
+    assert [r.token_ids for r in res] == want, n
+    assert [r.stats.target_forwards for r in res] == [len(r) for r in want], n
 
 
 def test_one_call_a_chunk_and_streamed_in_chunks(dec, monkeypatch):
@@ -65,6 +76,11 @@ def test_one_call_a_chunk_and_streamed_in_chunks(dec, monkeypatch):
   assert names.count("ar_chunk") == 2 and "verify" not in names, names
   assert [len(p) for p in pieces] == [1, 4, 4] and sum(pieces, []) == res[0].token_ids
   assert [r.stats.target_forwards for r in res] == [9, 9]
+  # 10 tokens: the prefill's, two chunks of 4, and one step left: a chunk of 4 whose last 3 steps no row keeps.
+  names.clear()
+  res = dec.generate(PROMPTS[:2], DecodeOptions(max_new_tokens=10, ignore_eos=True, ar_chunk=4))
+  assert names.count("ar_chunk") == 3 and [len(r.token_ids) for r in res] == [10, 10]
+  assert [r.stats.target_forwards for r in res] == [10, 10]  # tokens, not the 13 steps the chunks ran
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])

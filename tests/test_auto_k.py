@@ -248,3 +248,29 @@ def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monke
   steps = auto_k.CostTable((auto_k.StepCosts({1: 0.0}, {1: {2: 0.0}}, {1: 0.0}, prefix=64),))
   out = auto_k.measure_host(steps, decode, prefix=64, repeats=1, log=lambda m: None)
   assert 0 < out.host_ms["ar"] < 1e3 and 0 < out.host_ms["round"] < 1e3
+
+
+def test_acceptance_reads_the_calibration_at_the_nearest_temperature():
+  """The draft's per-token acceptance for a run: its fan-out calibration's a at the temperature nearest the run's
+  (ties to the first listed), the default without a calibration."""
+  cal = {0.0: (0.55, 0.3), 0.7: (0.45, 0.4), 1.0: (0.40, 0.5)}
+  got = [auto_k.acceptance(cal, t) for t in (0.0, 0.3, 0.36, 0.8, 0.9, 5.0)]
+  assert got == [0.55, 0.55, 0.45, 0.45, 0.40, 0.40]
+  assert auto_k.acceptance(None, 0.7) == 0.5 and auto_k.acceptance({}, 0.7, default=0.3) == 0.3
+  assert isinstance(auto_k.acceptance({0.0: (1, 0)}, 0.0), float)
+
+
+def test_choose_k_reads_each_batchs_own_costs():
+  """AR and verify costs that differ by batch: at batch 1 a verify costs about an AR step (K >= 2 pays), at batch 4
+  it costs 1.7-3.8 steps (no K pays: AR); batch 2 reads costs a third of the way between (K=1 gains too little),
+  batch 8 batch 4's scaled.
+  A choice that read batch 1's costs everywhere would speculate at every batch."""
+  c = auto_k.StepCosts(ar_ms={1: 10.0, 4: 20.0},
+                       verify_ms={1: {2: 10.5, 3: 11.0, 4: 11.5, 5: 12.0}, 4: {2: 34.0, 3: 48.0, 4: 62.0, 5: 76.0}},
+                       draft_ms={1: 0.5, 4: 1.0})
+  assert auto_k.choose_k(c, 1, 0.6) >= 2 and [auto_k.choose_k(c, b, 0.6) for b in (2, 4, 8)] == [0, 0, 0]
+  ar2, v2, d2 = c.at(2)
+  assert (ar2, v2[2], d2) == pytest.approx((10 + 10 / 3, 10.5 + 23.5 / 3, 0.5 + 0.5 / 3))
+  # batch 2: K=1 gains 4%, under the 10% a K must beat AR by; batch 4: K=1 loses
+  assert auto_k.sd_speedup(c, 1, 2, 0.6) > 1.4 and 1.0 < auto_k.sd_speedup(c, 2, 1, 0.6) < auto_k.MARGIN
+  assert auto_k.sd_speedup(c, 4, 1, 0.6) < 1.0

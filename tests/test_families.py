@@ -4,6 +4,7 @@ tests/fixtures/families/ is written by scripts/make_family_fixtures.py (which ca
 them): tiny random Llama-3.1-, Llama-3.2-, Qwen2-, Qwen3- and Mistral-style models as Hugging Face directories, transformers'
 float32 logits and greedy continuations for them, and its RoPE numbers at real sizes.
 """
+import dataclasses
 import os
 
 import jax
@@ -128,3 +129,27 @@ def test_real_size_angles_past_8192_and_near_100k(rope, case):
   np.testing.assert_array_equal(angles, rope[f"{case}/angles"])
   np.testing.assert_allclose(np.cos(angles.astype(np.float64)), rope[f"{case}/cos"], rtol=0, atol=2e-6)
   np.testing.assert_allclose(np.asarray(jnp.cos(angles)), rope[f"{case}/cos"], rtol=0, atol=2e-6)
+
+
+def test_a_gguf_with_rope_freqs_and_linear_scaling_applies_both(tmp_path):
+  """A GGUF may carry per-frequency divisors (rope_freqs.weight) and linear scaling metadata; llama.cpp divides
+  each frequency by both. The config read holds the divisors times the factor, and the logits are those of that
+  scaling: not of the divisors alone, nor of the factor alone."""
+  from ssd_jax.models.config import tiny_config
+  cfg = tiny_config(vocab_size=64)
+  params = jax.device_get(model.init_params(jax.random.key(5), cfg, scale=0.3))
+  half = cfg.head_dim // 2
+  div = np.linspace(1.0, 8.0, half).astype(np.float32)
+  path = str(tmp_path / "both.gguf")
+  write_gguf(path, cfg, params, extra_kv={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4},
+             extra_tensors={"rope_freqs.weight": div})
+  gcfg, gparams, _ = model_files.read_gguf(path, progress=False)
+  assert gcfg.rope_scaling.kind == "divisors"
+  np.testing.assert_allclose(gcfg.rope_scaling.divisors, 4 * div, rtol=1e-6)
+  tokens, pos = list(range(1, 9)), list(range(100, 108))  # far positions: the frequencies show
+  got = _logits_at(gparams, gcfg, tokens, pos)
+  want = _logits_at(params, dataclasses.replace(cfg, rope_scaling=RopeScaling("divisors", divisors=tuple(4 * div))),
+                    tokens, pos)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  for other in (RopeScaling("divisors", divisors=tuple(div)), RopeScaling("linear", factor=4.0)):
+    assert np.abs(_logits_at(params, dataclasses.replace(cfg, rope_scaling=other), tokens, pos) - got).max() > 1e-3

@@ -133,3 +133,10 @@ def test_a_cut_head_is_sized_as_it_is_held(tmp_path, fmt):
   held = _held_bytes(draft_weights.quantize_draft(cfg, params, fmt))
   plan = _draft_plan(str(tmp_path), 96, dtype="float32", draft_weights=fmt)
   assert memory_check.parts(plan)[1] == {"draft params": held}
+  # Apart from how either side computes it: the embedding is whole, the token tables are there, and each head row
+  # the estimate adds costs a float32 row of d=64 (Q8_0: two blocks of 32 values in 34 bytes each) and its head id.
+  assert params["embed"].shape == (512, 64) and params["head_ids"].shape == (96,)
+  assert params["vocab_map"].shape == (512,)
+  est = lambda n: memory_check.parts(_draft_plan(str(tmp_path), n, dtype="float32", draft_weights=fmt))[1]  # noqa
+  row = 64 * 4 if fmt == "full" else 2 * 34
+  assert est(200)["draft params"] - est(96)["draft params"] == (200 - 96) * (row + 4)

@@ -174,6 +174,34 @@ def test_api_load_takes_an_off_the_shelf_draft(with_text, fmt, head):
   assert got["sd"] == got["ar"] and got["ssd"] == got["ar"]
 
 
+def test_a_cut_head_keeps_the_special_tokens_wherever_they_lie(tmp_path):
+  """The chat specials at the top of the vocabulary (ids 256-258, where many tokenizers number their added
+  tokens): a head of 100 rows keeps them (the EOS <|im_end|> among them) first, then the lowest other ids; plain id
+  order would cut them off. Greedy SD with that head is AR's."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+  from ssd_jax.models.tokenizer import ENDOFTEXT, IM_END, IM_START
+
+  specials = [ENDOFTEXT, IM_START, IM_END]
+  vocab = {t: i for i, t in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()) + specials)}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+  cfg = tiny_config(vocab_size=259)
+  tp = jax.device_get(model.init_params(jax.random.key(3), cfg, scale=0.3))
+  target = _write(tmp_path, "hf", cfg, tp, "target")
+  tok.save(os.path.join(target, "tokenizer.json"))
+  pipe = api.load(target, draft=_write(tmp_path, "gguf", cfg, jax.device_get(_perturbed(tp, 0.05, 2))),
+                  draft_head_vocab=100, ssd_placement="devices")
+  ids = np.asarray(pipe.draft.params["head_ids"])
+  assert IM_END in [tok.id_to_token(i) for i in pipe.tokenizer.eos_ids]
+  assert list(ids[:3]) == [256, 257, 258] and list(ids[3:]) == list(range(97))
+  prompts = [[5, 6, 7], [40, 41, 42, 43, 44]]
+  got = {m: [r.token_ids for r in pipe.generate_ids(prompts, mode=m, k=2, max_new_tokens=9, ignore_eos=True)]
+         for m in ("ar", "sd")}
+  assert got["sd"] == got["ar"]
+
+
 @pytest.mark.parametrize("which,msg", [
     ("smaller", "has a vocabulary of 200 tokens, the target 259"),
     ("swapped", "has token '<|im_start|>' at id 0 where the target has '<|endoftext|>'")])

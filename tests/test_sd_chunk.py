@@ -52,8 +52,10 @@ def test_rows_stopping_mid_chunk(pair, setting):
 
 def test_one_call_a_chunk(pair, monkeypatch):
   """Rounds run as sd_chunk calls (no separate verify or chain call after the first chain), n at a time until no
-  row needs n more tokens, then fewer (n/2, .., 1); target_forwards counts a forward a round."""
-  dec = _dec(pair, 2)
+  row needs n more tokens, then fewer (n/2, .., 1): the schedule replayed from each round's committed tokens;
+  target_forwards counts a forward a round."""
+  cfg, tp, _ = pair
+  dec = SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2))  # the target as its own draft: 3 tokens every round
   calls = []
   call = Programs.__call__
 
@@ -62,24 +64,34 @@ def test_one_call_a_chunk(pair, monkeypatch):
     return call(self, fn, *args, **static)
 
   monkeypatch.setattr(Programs, "__call__", counting)
-  res = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=20, ignore_eos=True, sd_chunk=4))
+  pieces = []  # each round's committed tokens (the first: the prefill's token)
+  res = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=16, ignore_eos=True, sd_chunk=4),
+                     stream=lambda row, new: pieces.append(len(new)))
   names = [c[0] for c in calls]
   assert "verify" not in names and names.count("chain_after") == 1, names
   sizes = [n for name, n in calls if name == "sd_chunk"]
+  # Replay the schedule: each call runs the largest of 4, 2, 1 rounds that the row's tokens still to come allow
+  # (a round commits at least one token), and commits one piece a round until the row is done.
+  made, at = pieces[0], 1
+  for j, n in enumerate(sizes):
+    left = 16 - made
+    assert n == max(s for s in (4, 2, 1) if s <= left), (j, left, sizes)
+    took = pieces[at:at + n]
+    assert len(took) == n or j == len(sizes) - 1, (j, sizes, pieces)
+    made, at = made + sum(took), at + len(took)
+  # 1 + 4 rounds of 3 = 13 tokens, then 3 to come: a chunk of 2 rounds, the row done in its first.
+  assert made == 16 and at == len(pieces) and sizes == [4, 2], (sizes, pieces)
   rounds = res[0].stats.extra["rounds"]
-  assert sum(sizes) >= rounds and sizes.count(4) >= 1 and sizes == sorted(sizes, reverse=True), sizes
-  assert res[0].stats.target_forwards == rounds + 1  # the prefill's, then one a round
+  assert rounds == len(pieces) - 1 and res[0].stats.target_forwards == rounds + 1  # the prefill's, then a round
 
 
-def test_not_fused_for_a_draft_reading_features():
-  """Only SD's colocated chain of a draft that reads tokens is fused."""
-  class Link:
-    remote = False
-
-  class Dec:
-    feature_layers, head, k = (3,), None, 2
-
-  assert not sd_chunk.fusable(Dec(), Link())
+def test_not_fused_for_a_draft_reading_features(pair):
+  """Only SD's colocated chain of a draft that reads tokens is fused: the same decoder and chain, once its draft
+  reads target features (an EAGLE draft's feature_layers), is not."""
+  dec = _dec(pair, 2)
+  assert sd_chunk.fusable(dec, dec.draft)
+  dec.feature_layers = (1,)
+  assert not sd_chunk.fusable(dec, dec.draft)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
