@@ -461,15 +461,16 @@ def calibrate(args, modes) -> int:
   """--calibrate: measures the step costs k='auto' chooses K from (after auto_k.PREFIXES cached tokens), caches them
   for this machine and pair, and prints the K each batch size then gets and the speedups the model expects at a
   run of --max-new-tokens after 150-token prompts."""
+  from ssd_jax.bench import step_cost
   from ssd_jax.decode import auto_k
   from ssd_jax.models.kv_cache import cache_dtype
 
   pipe = load_pipe(args, ["sd"])
-  costs = auto_k.measure(pipe.target, pipe.draft, kv_dtype=cache_dtype(pipe.target.params, pipe.kv_dtype),
-                         log=lambda m: print(m, flush=True))
+  costs = step_cost.measure(pipe.target, pipe.draft, kv_dtype=cache_dtype(pipe.target.params, pipe.kv_dtype),
+                            log=lambda m: print(m, flush=True))
   costs = dataclasses.replace(costs, about=f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, "
                               f"{pipe.target.cfg.name} ({pipe.weights}) + {pipe.draft.cfg.name}")
-  costs = auto_k.measure_host(costs, host_decoder(pipe, HOST_NEW_TOKENS), auto_k.run_prefix(
+  costs = step_cost.measure_host(costs, host_decoder(pipe, HOST_NEW_TOKENS), auto_k.run_prefix(
       [len(host_prompt(pipe))], HOST_NEW_TOKENS), log=lambda m: print(m, flush=True))
   path = pipe.step_costs_path()
   os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -178,6 +178,15 @@ def check_calibration(args, draft_path: str | None) -> None:
   read_calibration(os.path.join(draft_path, CALIBRATION_FILE))  # a missing or malformed file: one line
 
 
+def one_line_warnings(categories: tuple) -> None:
+  """Shows warnings of these categories as one line each, as the CLI's other warnings; others as before."""
+  for category in categories:
+    warnings.simplefilter("always", category)
+  show = warnings.showwarning
+  warnings.showwarning = lambda message, category, *a, **kw: (
+      warn(str(message)) if issubclass(category, categories) else show(message, category, *a, **kw))
+
+
 class Terminated(KeyboardInterrupt):
   """SIGTERM, raised where Ctrl-C would be: the run stops the same way (exit code 143)."""
 
@@ -240,12 +249,7 @@ def main(argv=None):
   plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec))
   pipe = api.load_prepared(plan)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
-  one_line = (api.SlowerThanAR, api.DraftLostWarning)
-  for category in one_line:  # one line each, as the CLI's other warnings; others as before
-    warnings.simplefilter("always", category)
-  show = warnings.showwarning
-  warnings.showwarning = lambda message, category, *a, **kw: (
-      warn(str(message)) if issubclass(category, one_line) else show(message, category, *a, **kw))
+  one_line_warnings((api.SlowerThanAR, api.DraftLostWarning))
   if out is not None:
     out.open()
   todo = out.todo if out is not None else list(range(len(prompts)))

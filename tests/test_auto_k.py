@@ -7,6 +7,7 @@ import warnings
 import pytest
 
 from ssd_jax import api
+from ssd_jax.bench import step_cost
 from ssd_jax.cli_util import k_arg
 from ssd_jax.decode import SpecOptions, auto_k
 
@@ -168,7 +169,7 @@ def test_measure_times_every_step_at_each_prefix():
                     ffn_dim=64, max_seq_len=512)
   m = type("M", (), {"cfg": cfg, "params": init_params(jax.random.PRNGKey(0), cfg)})
   logs = []
-  table = auto_k.measure(m, m, batches=(1, 2), k_max=2, repeats=1, prefixes=(8, 100), log=logs.append)
+  table = step_cost.measure(m, m, batches=(1, 2), k_max=2, repeats=1, prefixes=(8, 100), log=logs.append)
   assert [t.prefix for t in table.tables] == [8, 100] and len(logs) == 4
   for t in table.tables:
     assert sorted(t.ar_ms) == [1, 2] and sorted(t.verify_ms[2]) == [2, 3]
@@ -227,12 +228,12 @@ def test_measure_host_subtracts_the_compiled_steps_from_real_decodes():
       return (99.0 if warm else 47 * 7.5e-3), 48, 48
     return (99.0 if warm else 30 * 10.1e-3), 48, 31  # 30 rounds of 10.1 ms
 
-  out = auto_k.measure_host(table, decode, prefix=64, repeats=3, log=lambda m: None)
+  out = step_cost.measure_host(table, decode, prefix=64, repeats=3, log=lambda m: None)
   assert calls == ["ar", "sd"] * 4
   assert out.host_ms == pytest.approx({"ar": 0.5, "round": 10.1 - 8.5 - 0.8})
   assert out.tables == table.tables
   with pytest.raises(ValueError, match="no steps"):
-    auto_k.measure_host(table, lambda mode: (0.1, 1, 1), prefix=64, repeats=1, log=lambda m: None)
+    step_cost.measure_host(table, lambda mode: (0.1, 1, 1), prefix=64, repeats=1, log=lambda m: None)
 
 
 def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monkeypatch):
@@ -246,7 +247,7 @@ def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monke
   seconds, new, forwards = decode("sd")
   assert new == 12 and 1 < forwards <= 12 and seconds > 0
   steps = auto_k.CostTable((auto_k.StepCosts({1: 0.0}, {1: {2: 0.0}}, {1: 0.0}, prefix=64),))
-  out = auto_k.measure_host(steps, decode, prefix=64, repeats=1, log=lambda m: None)
+  out = step_cost.measure_host(steps, decode, prefix=64, repeats=1, log=lambda m: None)
   assert 0 < out.host_ms["ar"] < 1e3 and 0 < out.host_ms["round"] < 1e3
 
 

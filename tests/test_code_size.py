@@ -43,3 +43,18 @@ def test_the_check_finds_a_long_function(tmp_path):
   src = tmp_path / "long.py"
   src.write_text("def f():\n" + "  x = 1\n" * 80 + "\n\ndef parse_args():\n" + "  y = 2\n" * 90)
   assert long_functions(str(src)) == [f"{os.path.relpath(str(src), ROOT)}:1 f (81 lines)"]
+
+
+def test_the_library_core_does_not_import_its_benchmark():
+  """Layers point one way: decode/ and models/ (the library's core) import nothing from bench/ (which measures them)."""
+  import ast
+  import pathlib
+  root = pathlib.Path(__file__).resolve().parent.parent / "ssd_jax"
+  bad = []
+  for pkg in ("decode", "models", "kernels"):
+    for path in (root / pkg).rglob("*.py"):
+      for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [("." * node.level) + (node.module or "")] if isinstance(node, ast.ImportFrom) else [])
+        bad += [f"{path.relative_to(root)}: {n}" for n in names if "bench" in n.split(".")]
+  assert not bad, bad

@@ -6,12 +6,14 @@ interleaved order (a, b, a, b, ...), so drift on a shared machine hits them alik
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..decode import auto_k
 from ..models import model
 from ..models.config import ModelConfig
 from ..models.kv_cache import KVCache
@@ -107,3 +109,53 @@ def compiled_eagle_steps(cfg, params, prefixes, cache_len: int = 512, batch: int
     return _warm_runner(call, cache.replace(lengths=jnp.full((batch,), prefix, jnp.int32)))
 
   return {prefix: runner(prefix) for prefix in prefixes}
+
+
+# k='auto''s calibration (bench.py --calibrate): what decode/auto_k.py chooses K from, measured here.
+def measure(target, draft, batches=auto_k.BATCHES, k_max: int = auto_k.K_MAX, repeats: int = 7,
+            prefixes=auto_k.PREFIXES, kv_dtype="float32", log=print) -> auto_k.CostTable:
+  """Returns step costs measured here for `target` and `draft` (objects with .cfg and .params; an EAGLE draft is
+  timed as its own step): per batch and prefix the AR step, the verify of T = 2..k_max+1 tokens and the draft step
+  (the target's KV cache in `kv_dtype`), all of a batch interleaved, medians of `repeats`."""
+  ar, verify, drafted = ({p: {} for p in prefixes} for _ in range(3))
+  eagle = getattr(draft.cfg, "kind", None) == "eagle"
+  for b in batches:
+    steps = {}
+    for t in range(1, k_max + 2):
+      for p, run in compiled_steps(target.cfg, target.params, t, prefixes, batch=b, kv_dtype=kv_dtype).items():
+        steps[(t, p)] = run
+    runs = (compiled_eagle_steps(draft.cfg, draft.params, prefixes, batch=b) if eagle
+            else compiled_steps(draft.cfg, draft.params, 1, prefixes, batch=b))
+    steps.update({("draft", p): run for p, run in runs.items()})
+    ms = interleaved_ms(steps, repeats)
+    for p in prefixes:
+      ar[p][b], drafted[p][b] = ms[(1, p)], ms[("draft", p)]
+      verify[p][b] = {t: ms[(t, p)] for t in range(2, k_max + 2)}
+      log(f"[calibrate] batch {b}, prefix {p}: AR {ar[p][b]:.1f} ms, verify " +
+          ", ".join(f"T={t} {v:.1f}" for t, v in verify[p][b].items()) + f", draft {drafted[p][b]:.1f} ms")
+  return auto_k.CostTable(tuple(auto_k.StepCosts(ar[p], verify[p], drafted[p], prefix=p)
+                               for p in prefixes))
+
+
+def measure_host(costs: auto_k.CostTable, decode, prefix: float, repeats: int = 3, log=print) -> auto_k.CostTable:
+  """Returns `costs` with host_ms: the decode loop's own time at batch 1, from real decodes beside the compiled steps.
+
+  `decode(mode)` runs one greedy batch-1 decode ("ar", or "sd" at K=1) and returns (its decode seconds, new tokens,
+  target forwards with the prefill); `prefix`: the cached tokens its steps see on average. An AR token costs the
+  decode's seconds over its tokens after the first, less the AR step; an SD round the seconds over its verifies, less
+  a 2-token verify and a draft step (all read at `prefix`). Each mode is decoded once to warm up, then `repeats`
+  times, interleaved; medians."""
+  ar, verify, draft = costs.at(1, prefix)
+  per = {"ar": [], "sd": []}
+  for i in range(repeats + 1):
+    for mode in per:
+      seconds, new, forwards = decode(mode)
+      steps = new - 1 if mode == "ar" else forwards - 1  # AR's first token comes from the prefill
+      if i and steps > 0:
+        per[mode].append(seconds * 1e3 / steps)
+  if not per["ar"] or not per["sd"]:
+    raise ValueError("the host-time decodes made no steps: give them more new tokens")
+  host = {"ar": float(np.median(per["ar"])) - ar, "round": float(np.median(per["sd"])) - verify[2] - draft}
+  log(f"[calibrate] loop time beyond the compiled steps (batch 1, prefix {prefix:g}): AR {host['ar']:.2f} ms a "
+      f"token, SD {host['round']:.2f} ms a round")
+  return dataclasses.replace(costs, host_ms=host)

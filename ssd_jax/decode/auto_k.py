@@ -3,8 +3,8 @@
 A round of SD at K makes E(a, K) = (1 - a^(K+1)) / (1 - a) tokens a row for one verify of K+1 tokens a row, K draft
 steps and the round's host work; AR makes one token a row per step. At batch B a verify is B x (K+1) rows, so what
 pays at batch 1 stops paying as the batch grows (the products turn compute-bound). With a table of step costs
-measured on this machine (`measure`; cached per machine, backend, model pair and weight formats; `bench.py
---calibrate` redoes it) `choose_k` returns the K with the most expected tokens a second, and 0 (plain AR) where no K
+measured on this machine (`bench/step_cost.measure`, which `bench.py --calibrate` runs; cached per machine,
+backend, model pair and weight formats) `choose_k` returns the K with the most expected tokens a second, and 0 (plain AR) where no K
 beats AR by MARGIN. The attention's cost follows the cached length, so the costs are measured after PREFIXES cached
 tokens and read at the run's own (`run_prefix`: the batch's mean prompt length plus half the new tokens), linearly
 between (and past the longer). Without a table it returns the conservative BUILTIN_K.
@@ -82,7 +82,7 @@ class CostTable:
 
   tables: tuple        # StepCosts, by increasing prefix
   about: str = ""
-  # The decode loop's time beyond the compiled steps, measured in real decodes at batch 1 (measure_host): {"ar": ms a
+  # The decode loop's time beyond the compiled steps, measured in real decodes at batch 1 (bench/step_cost.measure_host): {"ar": ms a
   # token beyond an AR step, "round": ms an SD round beyond its verify and draft steps}; None: ROUND_OVERHEAD instead.
   host_ms: dict | None = None
 
@@ -219,55 +219,3 @@ def load_costs(path: str) -> CostTable | None:
       return CostTable.from_json(f.read())
   except (OSError, ValueError, KeyError, TypeError):
     return None
-
-
-def measure(target, draft, batches=BATCHES, k_max: int = K_MAX, repeats: int = 7, prefixes=PREFIXES,
-            kv_dtype="float32", log=print) -> CostTable:
-  """Returns step costs measured here for `target` and `draft` (objects with .cfg and .params; an EAGLE draft is
-  timed as its own step): per batch and prefix the AR step, the verify of T = 2..k_max+1 tokens and the draft step
-  (the target's KV cache in `kv_dtype`), all of a batch interleaved, medians of `repeats`."""
-  from ..bench.step_cost import compiled_eagle_steps, compiled_steps, interleaved_ms
-
-  ar, verify, drafted = ({p: {} for p in prefixes} for _ in range(3))
-  eagle = getattr(draft.cfg, "kind", None) == "eagle"
-  for b in batches:
-    steps = {}
-    for t in range(1, k_max + 2):
-      for p, run in compiled_steps(target.cfg, target.params, t, prefixes, batch=b, kv_dtype=kv_dtype).items():
-        steps[(t, p)] = run
-    runs = (compiled_eagle_steps(draft.cfg, draft.params, prefixes, batch=b) if eagle
-            else compiled_steps(draft.cfg, draft.params, 1, prefixes, batch=b))
-    steps.update({("draft", p): run for p, run in runs.items()})
-    ms = interleaved_ms(steps, repeats)
-    for p in prefixes:
-      ar[p][b], drafted[p][b] = ms[(1, p)], ms[("draft", p)]
-      verify[p][b] = {t: ms[(t, p)] for t in range(2, k_max + 2)}
-      log(f"[calibrate] batch {b}, prefix {p}: AR {ar[p][b]:.1f} ms, verify " +
-          ", ".join(f"T={t} {v:.1f}" for t, v in verify[p][b].items()) + f", draft {drafted[p][b]:.1f} ms")
-  return CostTable(tuple(StepCosts(ar[p], verify[p], drafted[p], prefix=p) for p in prefixes))
-
-
-def measure_host(costs: CostTable, decode, prefix: float, repeats: int = 3, log=print) -> CostTable:
-  """Returns `costs` with host_ms: the decode loop's own time at batch 1, from real decodes beside the compiled steps.
-
-  `decode(mode)` runs one greedy batch-1 decode ("ar", or "sd" at K=1) and returns (its decode seconds, new tokens,
-  target forwards with the prefill); `prefix`: the cached tokens its steps see on average. An AR token costs the
-  decode's seconds over its tokens after the first, less the AR step; an SD round the seconds over its verifies, less
-  a 2-token verify and a draft step (all read at `prefix`). Each mode is decoded once to warm up, then `repeats`
-  times, interleaved; medians."""
-  import numpy as np
-
-  ar, verify, draft = costs.at(1, prefix)
-  per = {"ar": [], "sd": []}
-  for i in range(repeats + 1):
-    for mode in per:
-      seconds, new, forwards = decode(mode)
-      steps = new - 1 if mode == "ar" else forwards - 1  # AR's first token comes from the prefill
-      if i and steps > 0:
-        per[mode].append(seconds * 1e3 / steps)
-  if not per["ar"] or not per["sd"]:
-    raise ValueError("the host-time decodes made no steps: give them more new tokens")
-  host = {"ar": float(np.median(per["ar"])) - ar, "round": float(np.median(per["sd"])) - verify[2] - draft}
-  log(f"[calibrate] loop time beyond the compiled steps (batch 1, prefix {prefix:g}): AR {host['ar']:.2f} ms a "
-      f"token, SD {host['round']:.2f} ms a round")
-  return dataclasses.replace(costs, host_ms=host)

@@ -92,19 +92,9 @@ def ssd_rounds_host(target, link, book, first, stream, for_draft) -> dict:
       hit, branch = find(cache, acc, bonus)
       nxt = target.stage(book, rnd, last)
       was_hit = bool(hit[~book.done].all())
-      if was_hit:
-        hit_rounds += 1
-        served = cached_tokens(cache, branch)
-        tokens, q = target.from_cache(cache, branch, served)
-        t_found = t_sent = time.perf_counter()
-      else:  # a miss: the draft side serves the backup (rows that hit keep their cached speculation)
-        t_found = time.perf_counter()
-        link.send("outcome", outcome)
-        spec = link.receive()
-        t_sent = time.perf_counter()
-        bytes_in += _nbytes(spec)
-        served = spec.tokens
-        tokens, q = target.to_target(spec)
+      hit_rounds += was_hit
+      tokens, q, served, t_found, t_sent, got = _next_speculation(target, link, cache, branch, outcome, was_hit)
+      bytes_in += got
       t_dispatch = time.perf_counter()
       acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
       pending = (acc, bonus, None, served)
@@ -124,6 +114,20 @@ def ssd_rounds_host(target, link, book, first, stream, for_draft) -> dict:
     rnd = committed + (pending is not None)
     return dict(timing(), lost=(e, last, rnd))
   return timing()
+
+
+def _next_speculation(target, link, cache, branch, outcome, hit: bool):
+  """Returns the next verify's (tokens, q) on the target, the tokens served (host), when the lookup ended and when
+  the speculation was in hand, and the bytes that came for it: the cache's branch on a hit; on a miss the backup the
+  draft side serves after the outcome (rows that hit keep their cached speculation)."""
+  t_found = time.perf_counter()
+  if hit:
+    served = cached_tokens(cache, branch)
+    return (*target.from_cache(cache, branch, served), served, t_found, t_found, 0)
+  link.send("outcome", outcome)
+  spec = link.receive()
+  t_sent = time.perf_counter()
+  return (*target.to_target(spec), spec.tokens, t_found, t_sent, _nbytes(spec))
 
 
 def settle(target, book, pending, last, stream):
