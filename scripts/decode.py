@@ -246,7 +246,7 @@ def main(argv=None):
   switches = {} if args.thinking is None else {"enable_thinking": args.thinking == "on"}
   check_template(args, switches)
   plan = plan.without_draft() if mode == "ar" else plan
-  plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec))
+  plan.check_memory(api.Run.for_texts(mode, prompts, args.batch_size, opts.max_new_tokens, spec, opts.sd_chunk))
   pipe = api.load_prepared(plan)
   stream = (lambda s: print(s, end="", flush=True)) if args.stream else None
   one_line_warnings((api.SlowerThanAR, api.DraftLostWarning))

@@ -1,6 +1,8 @@
-"""Whether a run fits before anything is loaded: the bytes of params (in the dtype and weight format they will have),
-KV caches and SSD's speculation cache, against the memory free where each lives. preflight.py applies these to a
-LoadPlan; each failure is one line (ValueError) naming the parts and what to change."""
+"""The one memory sizer: the bytes of params (in the dtype and weight format they will have), KV caches (with the
+slots a run's caches get, `run_slots`) and SSD's speculation cache, on each device; and whether a run fits before
+anything is loaded, against the memory free where each part lives. preflight.py applies the check to a LoadPlan (each
+failure is one line, ValueError, naming the parts and what to change); scripts/plan.py sizes the paper's pairs with
+the same functions (plan/memory.py), and tests/test_plan.py checks them against a real run's arrays."""
 from __future__ import annotations
 
 import os
@@ -30,24 +32,55 @@ def available_memory(device=None) -> int | None:
     return None
 
 
+def run_lookaheads(k: int, fan_out=None, sd_chunk: int = 1, ar_chunk: int = 4) -> tuple[int, int]:
+  """Returns the cache slots past a row's text that (the target, the draft) may write in a run of K draft tokens a
+  round (0: AR, in chunks of ar_chunk steps, which write up to a chunk past a row's end): a verify's K+1 entries and
+  one more (K+2); SD in chunks of sd_chunk rounds what a chunk may write past a row's end (decode.base.
+  chunk_lookahead; an upper bound where the rounds are not fused); SSD's tree draft (fan_out given) its tree's
+  scratch slots (steps.tree_lookahead). The decoders' own, checked by tests/test_memory_check.py."""
+  from .decode.base import chunk_lookahead
+  from .decode.steps import tree_lookahead
+
+  target = chunk_lookahead(k, sd_chunk) if k and sd_chunk > 1 else max(k, 1 if k else ar_chunk) + 2
+  return target, tree_lookahead(k, tuple(fan_out)) if fan_out else target
+
+
+def run_slots(max_prompt: int, max_new: int, k: int, fan_out=None, sd_chunk: int = 1,
+              ar_chunk: int = 4) -> tuple[int, int]:
+  """Returns the cache slots of (the target's, the draft's) KV cache of a run (run_lookaheads; decode.base.
+  cache_slots rounds them as the decoders do)."""
+  from .decode.base import cache_slots
+
+  return tuple(cache_slots(max_prompt, max_new, lookahead=a)
+               for a in run_lookaheads(k, fan_out, sd_chunk, ar_chunk))
+
+
+def spec_cache_bytes(draft_cfg, batch: int, k: int, fan_out) -> int:
+  """Returns one speculation cache's bytes, as steps.draft_tree returns it (candidates, branch labels, K tokens and
+  their float32 distributions over the head rows per branch, the glue distributions): what lives on the draft's
+  device between rounds."""
+  n, v = sum(fan_out), draft_cfg.out_vocab
+  return 4 * (batch * n + n + batch * n * k + batch * n * k * v + batch * (k + 1) * v)
+
+
 def speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt: int, max_new: int,
                        scores: bool = False) -> dict:
   """Returns an estimate of the bytes SSD's draft side needs beyond its weights, by part, and their "total".
 
   The parts follow decode/steps.py `draft_tree` (float32 throughout; N = sum(fan_out) branches, V the draft's output
-  rows, S its cache slots): the speculation cache's q [B, N, K, V], three times (the tree being served, the one being
-  drafted and the drafting loop's own copy), one tree step's logits and probabilities (3 x [B, N, V]), the draft's KV
-  cache with the tree's scratch slots (2 x layers x [B, S, G, D]) and, with `scores` (the reference attention, which
-  materialises them), one layer's attention scores [B, H, N, S]. Checked against scripts/ssd_memory.py on the
-  shipped pair: peak RSS at B=4 K=4 F=48 exceeds F=3's by 867 MiB; these parts differ by 858 MiB.
+  rows, S its cache slots): the speculation cache (`spec_cache_bytes`, its q [B, N, K, V] the bulk), three times (the
+  tree being served, the one being drafted and the drafting loop's own copy), one tree step's logits and
+  probabilities (3 x [B, N, V]), the draft's KV cache with the tree's scratch slots (`run_slots`) and, with `scores`
+  (the reference attention, which materialises them), one layer's attention scores [B, H, N, S]. Checked against
+  scripts/ssd_memory.py on the shipped pair: peak RSS at B=4 K=4 F=48 exceeds F=3's by 867 MiB; these parts
+  differ by 858 MiB.
   """
-  from .decode.steps import tree_lookahead
-  from .models.kv_cache import round_slots
+  from .decode.draft import CACHE_DTYPE
 
   n, v = sum(fan_out), draft_cfg.out_vocab
-  s = round_slots(max_prompt + max_new + tree_lookahead(k, tuple(fan_out)), 128)
-  parts = {"tree_q": 3 * batch * n * k * v * 4, "tree_step": 3 * batch * n * v * 4,
-           "draft_kv": 2 * draft_cfg.n_layers * batch * s * draft_cfg.n_kv_heads * draft_cfg.head_dim * 4,
+  s = run_slots(max_prompt, max_new, k, fan_out)[1]
+  parts = {"tree_q": 3 * spec_cache_bytes(draft_cfg, batch, k, fan_out), "tree_step": 3 * batch * n * v * 4,
+           "draft_kv": kv_cache_bytes(draft_cfg, batch, s, CACHE_DTYPE),
            "attention_scores": batch * draft_cfg.n_heads * n * s * 4 if scores else 0}
   return dict(parts, total=sum(parts.values()))
 
@@ -179,7 +212,6 @@ def parts(plan, run=None) -> tuple[dict, dict]:
   LoadPlan: the params (the draft's as `draft_params` sizes them), and with a preflight.Run the KV caches and (SSD)
   the speculation cache. A model whose headers do not tell its size (an EAGLE draft's weights) counts as 0."""
   from .models.checkpoints import param_dtype
-  from .decode.base import cache_slots
   from .decode.draft import CACHE_DTYPE
 
   s, dcfg = plan.settings, draft_config(plan, run)
@@ -188,15 +220,17 @@ def parts(plan, run=None) -> tuple[dict, dict]:
   t = {"target params": target[1]} if target else {}
   d = {"draft params": draft[1]} if draft else {}
   if run is not None:
-    slots = cache_slots(run.max_prompt, run.max_new_tokens, lookahead=run.k + 2 if run.k else 0)
+    ssd = run.mode == "ssd"
+    t_slots, d_slots = run_slots(run.max_prompt, run.max_new_tokens, run.k, run.fan_out if ssd else None,
+                                 run.sd_chunk if run.mode == "sd" else 1)
     if target:
       kv = target[2] if s.kv_dtype == "auto" else param_dtype(s.kv_dtype, target[2])
-      t["target KV cache"] = kv_cache_bytes(target[0], run.batch, slots, kv, s.target_devices)
+      t["target KV cache"] = kv_cache_bytes(target[0], run.batch, t_slots, kv, s.target_devices)
     if dcfg is not None:
-      d["draft KV cache"] = kv_cache_bytes(dcfg, run.batch, slots, CACHE_DTYPE)
-    if run.mode == "ssd":
-      d["speculation cache"] = speculation_memory(dcfg, run.batch, run.k, run.fan_out, run.max_prompt,
-                                                  run.max_new_tokens)["total"]
+      d["draft KV cache"] = kv_cache_bytes(dcfg, run.batch, d_slots, CACHE_DTYPE)
+    if ssd:  # its draft KV cache is counted above
+      est = speculation_memory(dcfg, run.batch, run.k, run.fan_out, run.max_prompt, run.max_new_tokens)
+      d["speculation cache"] = est["total"] - est["draft_kv"]
   return t, d
 
 

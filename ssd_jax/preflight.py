@@ -54,13 +54,15 @@ class Run:
   max_prompt: int
   max_new_tokens: int
   spec: SpecOptions = SpecOptions()
+  sd_chunk: int = 8  # SD's rounds a call (DecodeOptions.sd_chunk): its caches' lookahead grows with it
 
   @staticmethod
-  def for_texts(mode: str, prompts: list[str], batch_size: int, max_new_tokens: int, spec: SpecOptions) -> "Run":
+  def for_texts(mode: str, prompts: list[str], batch_size: int, max_new_tokens: int, spec: SpecOptions,
+                sd_chunk: int = 8) -> "Run":
     """Returns the Run of text prompts before they are tokenized: a token is at least a UTF-8 byte (byte-level BPE),
     and the chat template adds at most 128."""
     return Run(mode, min(batch_size, len(prompts)), max(len(p.encode("utf-8")) for p in prompts) + 128,
-               max_new_tokens, spec)
+               max_new_tokens, spec, sd_chunk)
 
   @property
   def k(self) -> int:

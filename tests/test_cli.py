@@ -170,7 +170,9 @@ def test_speculation_memory_estimate():
   est = speculation_memory(cfg, batch=2, k=3, fan_out=(4, 2, 1, 1), max_prompt=10, max_new=20)
   n = 8
   slots = 128  # 10 + 20 + (3 + 2 + 3 * 8) = 59 -> one block of 128
-  assert est["tree_q"] == 3 * 2 * n * 3 * 100 * 4 and est["tree_step"] == 3 * 2 * n * 100 * 4
+  # the cache three times: its q [B, N, K, V_out] and the small parts (candidates, labels, tokens, glue laws)
+  one = 4 * (2 * n * 3 * 100 + 2 * n + n + 2 * n * 3 + 2 * 4 * 100)
+  assert est["tree_q"] == 3 * one and est["tree_step"] == 3 * 2 * n * 100 * 4
   assert est["draft_kv"] == 2 * cfg.n_layers * 2 * slots * cfg.n_kv_heads * cfg.head_dim * 4
   assert est["attention_scores"] == 0
   assert speculation_memory(cfg, 2, 3, (4, 2, 1, 1), 10, 20, scores=True)["attention_scores"] == 2 * 4 * n * slots * 4

@@ -140,3 +140,40 @@ def test_a_cut_head_is_sized_as_it_is_held(tmp_path, fmt):
   est = lambda n: memory_check.parts(_draft_plan(str(tmp_path), n, dtype="float32", draft_weights=fmt))[1]  # noqa
   row = 64 * 4 if fmt == "full" else 2 * 34
   assert est(200)["draft params"] - est(96)["draft params"] == (200 - 96) * (row + 4)
+
+
+@pytest.mark.parametrize("mode,sd_chunk,ar_chunk", [("ar", 1, 4), ("ar", 1, 1), ("sd", 8, 4), ("sd", 1, 4),
+                                                  ("sd", 3, 4), ("ssd", 1, 4)])
+def test_the_sizers_lookaheads_are_the_decoders(mode, sd_chunk, ar_chunk, monkeypatch):
+  """memory_check.run_lookaheads (the slots past the text that decode.py's check and scripts/plan.py size caches
+  with) equal what the decoders ask decode.base.cache_slots for, target and draft, read as they set a run up."""
+  from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SSDDecoder, rounds, speculator, tree_draft
+  from ssd_jax.memory_check import run_lookaheads
+
+  cfg = tiny_config(vocab_size=64)
+  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
+  k, f = (0 if mode == "ar" else 2), (2, 1, 1)
+  asked = {}
+
+  def recorder(side):
+    def cache_slots(max_prompt, max_new, lookahead=0):
+      asked[side] = lookahead
+      if side == "target":  # the draft side prepared first: nothing left to read
+        raise _Stop()
+      return 128
+    return cache_slots
+
+  monkeypatch.setattr(rounds, "cache_slots", recorder("target"))
+  monkeypatch.setattr(speculator, "cache_slots", recorder("draft"))
+  monkeypatch.setattr(tree_draft, "cache_slots", recorder("draft"))
+  dec = {"ar": lambda: ARDecoder(cfg, tp), "sd": lambda: SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=k)),
+         "ssd": lambda: SSDDecoder(cfg, tp, cfg, tp, SpecOptions(k=k, fan_out=f, placement="devices"))}[mode]()
+  with pytest.raises(_Stop):
+    dec.generate([[1, 2, 3]], DecodeOptions(max_new_tokens=9, sd_chunk=sd_chunk, ar_chunk=ar_chunk))
+  want = run_lookaheads(k, f if mode == "ssd" else None, sd_chunk, ar_chunk)
+  assert asked["target"] == want[0] and asked.get("draft", want[1]) == want[1], (asked, want)
+  assert mode == "ar" or "draft" in asked
+
+
+class _Stop(Exception):
+  pass
