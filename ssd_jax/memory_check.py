@@ -32,24 +32,11 @@ def available_memory(device=None) -> int | None:
     return None
 
 
-def run_lookaheads(k: int, fan_out=None, sd_chunk: int = 1, ar_chunk: int = 4) -> tuple[int, int]:
-  """Returns the cache slots past a row's text that (the target, the draft) may write in a run of K draft tokens a
-  round (0: AR, in chunks of ar_chunk steps, which write up to a chunk past a row's end): a verify's K+1 entries and
-  one more (K+2); SD in chunks of sd_chunk rounds what a chunk may write past a row's end (decode.base.
-  chunk_lookahead; an upper bound where the rounds are not fused); SSD's tree draft (fan_out given) its tree's
-  scratch slots (steps.tree_lookahead). The decoders' own, checked by tests/test_memory_check.py."""
-  from .decode.base import chunk_lookahead
-  from .decode.steps import tree_lookahead
-
-  target = chunk_lookahead(k, sd_chunk) if k and sd_chunk > 1 else max(k, 1 if k else ar_chunk) + 2
-  return target, tree_lookahead(k, tuple(fan_out)) if fan_out else target
-
-
 def run_slots(max_prompt: int, max_new: int, k: int, fan_out=None, sd_chunk: int = 1,
               ar_chunk: int = 4) -> tuple[int, int]:
-  """Returns the cache slots of (the target's, the draft's) KV cache of a run (run_lookaheads; decode.base.
-  cache_slots rounds them as the decoders do)."""
-  from .decode.base import cache_slots
+  """Returns the cache slots of (the target's, the draft's) KV cache of a run: the decoders' own lookaheads
+  (decode.base.run_lookaheads) on top of the text, rounded by decode.base.cache_slots as the decoders round them."""
+  from .decode.base import cache_slots, run_lookaheads
 
   return tuple(cache_slots(max_prompt, max_new, lookahead=a)
                for a in run_lookaheads(k, fan_out, sd_chunk, ar_chunk))

@@ -51,6 +51,18 @@ def chunk_lookahead(k: int, n: int) -> int:
   return n * (k + 1) + k + 2
 
 
+def run_lookaheads(k: int, fan_out=None, sd_chunk: int = 1, ar_chunk: int = 4) -> tuple[int, int]:
+  """Returns the cache slots past a row's text that (the target, the draft) may write in a run of K draft tokens a
+  round, the one place every decoder and the memory sizer (memory_check.run_slots) read them from: a verify writes
+  K+1 entries past the text, and one more slot is kept (K+2); AR (K=0) in chunks of ar_chunk steps writes up to a
+  chunk past a row's end (ar_chunk + 2); SD in chunks of sd_chunk rounds what a chunk may write (chunk_lookahead);
+  SSD's tree draft (fan_out given) its tree's scratch slots (steps.tree_lookahead); any other draft as the target."""
+  from .steps import tree_lookahead
+
+  target = chunk_lookahead(k, sd_chunk) if k and sd_chunk > 1 else max(k, 1 if k else ar_chunk) + 2
+  return target, tree_lookahead(k, tuple(fan_out)) if fan_out else target
+
+
 StreamFn = Callable[[int, list[int]], None]  # (row, new token ids) for the first request of a batch
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..kernels.platform import device_platform
 from . import sd_chunk, ssd_loop
-from .base import SpecBook, StreamFn, cache_slots, chunk_lookahead, pad_prompts
+from .base import SpecBook, StreamFn, cache_slots, pad_prompts, run_lookaheads
 from .options import DecodeOptions
 from .speculator import DraftJob, DraftLost, DraftLostWarning, Outcome
 from .steps import (VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, pick_branch, prefill, serve_q, stream_key,
@@ -54,9 +54,8 @@ class TargetSide:
     rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers,
                                       platform=device_platform(pl.target_mesh))
     self.chunk = opts.ar_chunk if k == 0 else 1
-    # K+1 lookahead slots: a verify writes K+1 entries past the committed text before rolling back; a chunk of AR
-    # steps writes up to `chunk` entries past the text of a row that ends mid-chunk, SD's chunks more (sd_chunk.py).
-    ahead = chunk_lookahead(k, sd_rounds) if sd_rounds > 1 else max(k, self.chunk) + 2
+    # A verify writes K+1 entries past the committed text before rolling back; AR's and SD's chunks more.
+    ahead = run_lookaheads(k, None, sd_rounds if sd_rounds > 1 else 1, opts.ar_chunk)[0]
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=ahead)
     self.cache = pl.target_cache(cfg, b, slots, dec.kv_dtype)
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import jax.numpy as jnp
 import numpy as np
 
-from .base import SpecBook, cache_slots, chunk_lookahead, pad_prompts
+from .base import SpecBook, cache_slots, pad_prompts, run_lookaheads
 from .draft import DraftModel
 from .options import DecodeOptions, SpecOptions
 from .steps import DRAFT_STREAM, fold, stream_key
@@ -214,8 +214,7 @@ class ChainDraft:
     """Compiles the run's programs and sets up the cache; returns the compile seconds so far."""
     self.prompts, self.opts = job.prompts, job.opts
     tokens, lengths = pad_prompts(job.prompts)
-    # K+1 lookahead slots: a round writes up to K+1 entries past the committed text; more for chunks of rounds.
-    ahead = self.k + 2 if job.opts.sd_chunk == 1 else chunk_lookahead(self.k, job.opts.sd_chunk)
+    ahead = run_lookaheads(self.k, None, job.opts.sd_chunk)[1]  # a chain's round, or SD's chunk of rounds
     slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=ahead)
     self.model.start(tokens, lengths, slots, job.opts, self.k, chain=True)
     self.root = self.model.put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there

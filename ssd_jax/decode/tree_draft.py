@@ -11,12 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .backup import choose_backup, new_tally, ngram_propose, point_mass, random_speculation, record_round
-from .base import SpecBook, cache_slots, pad_prompts
+from .base import SpecBook, cache_slots, pad_prompts, run_lookaheads
 from .draft import DraftModel
 from .options import SpecOptions
 from .speculator import HIT, DraftJob, Outcome, SpecCache, Speculation, cached_tokens, find, observe
-from .steps import (DRAFT_STREAM, bonus_rank, compact_q, fold, merge_rows, pick_branch, serve_q, stream_key,
-                    tree_lookahead)
+from .steps import DRAFT_STREAM, bonus_rank, compact_q, fold, merge_rows, pick_branch, serve_q, stream_key
 
 
 def hit_stats(hits, hits_by_len, rounds_by_len, i: int) -> dict:
@@ -59,7 +58,7 @@ class TreeDraft:
     # Saguaro sampling's rescaled set: the cached candidates plus the drafted token (which the fork excludes).
     saguaro_top = 0 if self.spec.saguaro_c == 1 else max(max(self.f), max(self.f_miss)) + 1
     tokens, lengths = pad_prompts(job.prompts)
-    slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=tree_lookahead(k, self.f))
+    slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=run_lookaheads(k, self.f)[1])
     self.model.start(tokens, lengths, slots, job.opts, k, (self.f, self.f_miss), self.spec.saguaro_c, saguaro_top)
     self.root = put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
     v, v_out = cfg.vocab_size, cfg.out_vocab
