@@ -124,7 +124,7 @@ def test_a_round_places_nothing_from_the_host(pair, monkeypatch):
 
 
 def test_round_cost_script_reports_every_mode(tmp_path):
-  """scripts/round_cost.py on the tiny pair: each mode's loop figures and compiled calls, SD's text checked against
+  """scripts/experiments/round_cost.py on the tiny pair: each mode's loop figures and compiled calls, SD's text checked against
   AR's."""
   import json
 

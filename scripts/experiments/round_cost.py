@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What a round of AR and SD costs in this process, and how much of it is host work.
 
-  PYTHONPATH=. taskset -c 0 python scripts/round_cost.py --ks 1,2 --max-new-tokens 64
+  PYTHONPATH=. taskset -c 0 python scripts/experiments/round_cost.py --ks 1,2 --max-new-tokens 64
 
 Decodes the prompts greedily with AR and SD at each K in turn (interleaved repeats, after a warm-up run that also
 checks SD's text equals AR's), timing the round loop (rounds._rounds) three ways:
