@@ -368,9 +368,9 @@ MUTATIONS = [
 
 
 def copy_tree(dest: str) -> None:
-  """Copies what the tests need (the package, the tests, pytest's settings) into dest."""
+  """Copies what the tests need (the package, the tests, the scripts some tests load, pytest's settings) into dest."""
   ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-  for d in ("ssd_jax", "tests"):
+  for d in ("ssd_jax", "tests", "scripts"):
     shutil.copytree(os.path.join(ROOT, d), os.path.join(dest, d), ignore=ignore)
   shutil.copy(os.path.join(ROOT, "pyproject.toml"), dest)
 
