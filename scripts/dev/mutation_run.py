@@ -265,9 +265,9 @@ MUTATIONS = [
              (SSD + "::test_lookup_serves_each_row_its_own_branch", RAGGED),
              "a cache hit serves each row its own branch's tokens with the q of row 0's branch (branch 0 if row 0 missed)"),
     Mutation("ssd_hit_sends_the_outcome_before_the_next_verify", "ssd_jax/decode/ssd_loop.py",
-             "      t_found = t_sent = time.perf_counter()\n",
-             "      t_found = t_sent = time.perf_counter()\n      link.send(\"outcome\", outcome)\n"
-             "      _expect(link.receive(), HIT)\n      was_hit = False\n",
+             "        t_found = t_sent = time.perf_counter()\n",
+             "        t_found = t_sent = time.perf_counter()\n        link.send(\"outcome\", outcome)\n"
+             "        _expect(link.receive(), HIT)\n        was_hit = False\n",
              ("tests/test_ssd_round_order.py",),
              "on a hit the target sends the outcome to the draft side and waits for its reply before dispatching "
              "the next verify (the host round trip SSD's round must not have)"),
