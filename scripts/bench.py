@@ -4,7 +4,8 @@
   python scripts/bench.py --num-prompts 4 --max-new-tokens 128 --out-dir bench-out
   python scripts/bench.py --sweep fan-out --modes ar,sd,ssd --num-prompts 2 --out-dir bench-fanout
   python scripts/bench.py --peer hf --out-dir bench-peer          # + hf-ar, hf-sd (needs the 'peer' extra)
-  taskset -c 0 python scripts/bench.py --modes ar --peer llamacpp --peer-bin $(scripts/build_llamacpp.sh | tail -n 1)
+  taskset -c 0 python scripts/bench.py --modes ar --peer llamacpp \
+    --peer-bin $(scripts/dev/build_llamacpp.sh | tail -n 1)
   python scripts/bench.py --tiny --prompts p.jsonl --max-new-tokens 8   # tiny random pair: a smoke run
 
 The pair is loaded once. Prompts (HumanEval, GSM8K, AlpacaEval, MT-Bench, or --prompts FILE.jsonl) are decoded by
@@ -44,7 +45,7 @@ def parse_args(argv=None):
                       "target's GGUF with the cores our AR uses (with --verify-cost: its T-token forwards)")
   p.add_argument("--peer-bin", default=None,
                  help="llamacpp: the llama-bench binary (default: $LLAMA_BENCH, else llama-bench on the PATH; "
-                      "scripts/build_llamacpp.sh builds it)")
+                      "scripts/dev/build_llamacpp.sh builds it)")
   p.add_argument("--datasets", default="humaneval,gsm8k,alpaca,mtbench")
   p.add_argument("--prompts", help="a JSONL file of {\"prompt\": ...} objects instead of --datasets")
   p.add_argument("--num-prompts", type=int, default=4, help="prompts per dataset")

@@ -33,11 +33,11 @@ else
 fi
 
 # 1. The kernels a run picks ('auto': the reference attention on a GPU), about 3 minutes with compiles.
-timeout 240 python scripts/plan_calibrate.py "${SHAPES[@]}" --budget-s 180 --out "$OUT_DIR/calibration.json" \
+timeout 240 python scripts/dev/plan_calibrate.py "${SHAPES[@]}" --budget-s 180 --out "$OUT_DIR/calibration.json" \
   2>&1 | tee "$OUT_DIR/calibration_log.txt"
 cal_rc=${PIPESTATUS[0]}
 # 2. The same with the Pallas attention (Triton), about 3 minutes.
-timeout 200 python scripts/plan_calibrate.py "${SHAPES[@]}" --attn pallas --budget-s 150 \
+timeout 200 python scripts/dev/plan_calibrate.py "${SHAPES[@]}" --attn pallas --budget-s 150 \
   --out "$OUT_DIR/calibration_pallas.json" 2>&1 | tee -a "$OUT_DIR/calibration_log.txt"
 pallas_rc=${PIPESTATUS[0]}
 # 3. The paper's pair on this GPU kind, fitted to step 1 (analytic: seconds).

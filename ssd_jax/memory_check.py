@@ -59,7 +59,7 @@ def speculation_memory(draft_cfg, batch: int, k: int, fan_out, max_prompt: int, 
   tree being served, the one being drafted and the drafting loop's own copy), one tree step's logits and
   probabilities (3 x [B, N, V]), the draft's KV cache with the tree's scratch slots (`run_slots`) and, with `scores`
   (the reference attention, which materialises them), one layer's attention scores [B, H, N, S]. Checked against
-  scripts/ssd_memory.py on the shipped pair: peak RSS at B=4 K=4 F=48 exceeds F=3's by 867 MiB; these parts
+  scripts/experiments/ssd_memory.py on the shipped pair: peak RSS at B=4 K=4 F=48 exceeds F=3's by 867 MiB; these parts
   differ by 858 MiB.
   """
   from .decode.draft import CACHE_DTYPE

@@ -38,7 +38,7 @@ def restrict_head(cfg, params, head_ids):
   return dcfg, dp
 
 
-# SSD_JAX_TEST_HEAD=real (scripts/mutation_run.py --head real) gives the law tests' V=4 pair a real draft's sizes:
+# SSD_JAX_TEST_HEAD=real (scripts/dev/mutation_run.py --head real) gives the law tests' V=4 pair a real draft's sizes:
 # SmolLM2's vocabulary of 49152 ids and a head of 16384 rows (checkpoints/draft-smollm2's config), shuffled, holding
 # the live tokens at rows whose order is not their ids'. The pair's laws stay tractable: every logit but the four
 # live ids' is about -1e4 (`concentrate`), so both models' mass lies on LIVE, spread over the id range (two above

@@ -156,7 +156,7 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
   numpy_reference (3000 rows over 64 cells at 1e-4: detects w >= 0.18 with power 0.99, as
   test_sampled_decoding's). One run puts the draft in its own process, where q crosses the pipe over the head's
   rows. A draft law handed to the verifier without top-p or at another temperature than it was drawn at, or a head
-  row taken for a token id, fails it (scripts/mutation_run.py)."""
+  row taken for a token id, fails it (scripts/dev/mutation_run.py)."""
   import numpy_reference as ref
   from test_rejection_sampler import _chi2_pvalue
   if REAL and (mode, backup, temperature, top_p) not in REAL_RUNS:
@@ -188,7 +188,7 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
 def test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(v4):
   """SSD-EAGLE with Saguaro sampling where q' is far from q (C = 0.1 on the top 2 of the head's 3 tokens; fan-out 1
   plus the drafted token): tokens 4 to 6, emitted mostly from cached speculations, against the marginal of the numpy
-  joint law of six tokens (3000 rows, 64 cells at 1e-4: detects w >= 0.18 with power 0.99). scripts/mutation_run.py
+  joint law of six tokens (3000 rows, 64 cells at 1e-4: detects w >= 0.18 with power 0.99). scripts/dev/mutation_run.py
   hands the verifier the EAGLE draft's plain q; this test fails."""
   import numpy_reference as ref
   from test_rejection_sampler import _chi2_pvalue

@@ -1,6 +1,6 @@
 """The paper's families against transformers' own numbers (issue 41, item 4), without torch at test time.
 
-tests/fixtures/families/ is written by scripts/make_family_fixtures.py (which can also check that it reproduces
+tests/fixtures/families/ is written by scripts/dev/make_family_fixtures.py (which can also check that it reproduces
 them): tiny random Llama-3.1-, Llama-3.2-, Qwen2-, Qwen3- and Mistral-style models as Hugging Face directories, transformers'
 float32 logits and greedy continuations for them, and its RoPE numbers at real sizes.
 """

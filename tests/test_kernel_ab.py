@@ -1,4 +1,4 @@
-"""scripts/bench_kernel_ab.py in a tiny configuration for each kernel (the working tree against HEAD), so the A/B
+"""scripts/dev/bench_kernel_ab.py in a tiny configuration for each kernel (the working tree against HEAD), so the A/B
 script cannot rot; and its forward mode's swap really routes the model's calls to the build it names."""
 import re
 

@@ -90,7 +90,8 @@ def test_threads_follow_the_affinity():
 def test_missing_binary_is_one_clear_error(tmp_path, monkeypatch):
   monkeypatch.delenv("LLAMA_BENCH", raising=False)
   monkeypatch.setenv("PATH", str(tmp_path))
-  with pytest.raises(lp.LlamaBenchError, match="needs llama.cpp's llama-bench: build it with scripts/build_llamacpp"):
+  with pytest.raises(lp.LlamaBenchError,
+                     match="needs llama.cpp's llama-bench: build it with scripts/dev/build_llamacpp"):
     lp.find_binary()
   with pytest.raises(lp.LlamaBenchError, match=r"not found at /no/such/llama-bench \(--peer-bin\)"):
     lp.find_binary("/no/such/llama-bench")

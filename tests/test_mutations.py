@@ -1,4 +1,4 @@
-"""The mutation run's list stays true to the code (scripts/mutation_run.py runs it; it is too long for this suite).
+"""The mutation run's list stays true to the code (scripts/dev/mutation_run.py runs it; it is too long for this suite).
 
 Each mutation's text must occur exactly once in its file, and every test it names must exist: an edit that moves
 the code would otherwise turn a mutation into a no-op or a run of nothing, silently.

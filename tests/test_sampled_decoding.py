@@ -180,7 +180,7 @@ def test_end_to_end_power(tiny):
   temperature as logits * T (the law at 1/T), the verifier ignoring top_p (tokens 2 and 3 without the nucleus), and
   greedy verification at T > 0 (tokens 2 and 3 the argmax)."""
   if REAL:
-    pytest.skip("the real head's 500 rows are for gross errors: scripts/mutation_run.py --head real shows which")
+    pytest.skip("the real head's 500 rows are for gross errors: scripts/dev/mutation_run.py --head real shows which")
   cfg, _, _, _, host = tiny
   w = detectable_w(ROWS, 64)
   assert w < 0.19
@@ -197,7 +197,7 @@ def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
   out of the cache (the first three come mostly from the first round's own drafts), against the marginal of the
   numpy joint law of six tokens.
 
-  3000 rows over the 64 cells at 1e-4: detects w >= 0.18 with power 0.99. scripts/mutation_run.py hands the
+  3000 rows over the 64 cells at 1e-4: detects w >= 0.18 with power 0.99. scripts/dev/mutation_run.py hands the
   verifier plain q from the tree (cache hits) and from the chain (the neural backup on a miss); this test fails on
   each.
   """

@@ -24,7 +24,7 @@ def _perturbed(params, scale, seed):
 
 
 # The params' dtype of v4_pair, which the law tests decode with: SSD_JAX_TEST_PARAM_DTYPE=bfloat16 runs them with
-# 16-bit params (scripts/mutation_run.py --param-dtype bfloat16); float32 by default.
+# 16-bit params (scripts/dev/mutation_run.py --param-dtype bfloat16); float32 by default.
 TEST_PARAM_DTYPE = os.environ.get("SSD_JAX_TEST_PARAM_DTYPE", "float32")
 
 

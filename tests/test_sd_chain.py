@@ -123,19 +123,44 @@ def test_a_round_places_nothing_from_the_host(pair, monkeypatch):
   assert host_puts == []
 
 
-def test_round_cost_script_reports_every_mode(tmp_path):
-  """scripts/round_cost.py on the tiny pair: each mode's loop figures and compiled calls, SD's text checked against
-  AR's."""
+@pytest.mark.parametrize("sd_chunk", [None, 1], ids=["chunks", "unfused"])
+def test_round_cost_script_times_each_modes_own_loop(tmp_path, sd_chunk):
+  """scripts/experiments/round_cost.py on the tiny pair: each mode's loop figures come from the loop that mode runs
+  (SD in chunks by default: sd_chunk.Chunks.run, not rounds._rounds, whose timings were once reported as SD's), its
+  compiled calls, SD's text checked against AR's."""
   import json
 
   from script_modules import load_script
   out = tmp_path / "rounds.json"
+  ks = "1,2" if sd_chunk is None else "1"
+  chunk = [] if sd_chunk is None else ["--sd-chunk", str(sd_chunk)]
   load_script("round_cost.py", "round_cost_script").main(
-      ["--tiny", "--ks", "1,2", "--repeats", "1", "--max-new-tokens", "8", "--ar-chunk", "1", "--json-out", str(out)])
+      ["--tiny", "--ks", ks, "--repeats", "1", "--max-new-tokens", "8", "--ar-chunk", "1", *chunk,
+       "--json-out", str(out)])
   rep = json.loads(out.read_text())
-  assert sorted(rep) == ["ar", "sd1", "sd2"]
+  assert sorted(rep) == ["ar"] + [f"sd{k}" for k in ks.split(",")]
   for mode, r in rep.items():
     assert r["cpu_us_token"] > 0 and r["main_us_round"] > 0 and r["compiled_cpu_us"]["verify"] > 0
     assert ("chain" in r["compiled_cpu_us"]) == (mode != "ar")
-    assert (r["tokens_per_round"] == 1.0) == (mode == "ar")
+    if mode == "ar":  # a step a round, a round a call
+      assert r["loop"] == "rounds" and r["tokens_per_round"] == r["tokens_per_call"] == 1.0
+    elif sd_chunk is None:  # rounds that commit more than a token each, several rounds a call
+      assert r["loop"] == "sd_chunk" and 1.0 < r["tokens_per_round"] < r["tokens_per_call"]
+    else:
+      assert r["loop"] == "rounds" and 1.0 < r["tokens_per_round"] == r["tokens_per_call"]
   assert rep["ar"]["x_ar_cpu"] == 1.0
+
+
+def test_round_cost_script_refuses_rounds_it_did_not_time(monkeypatch):
+  """A run whose rounds go through neither timed loop stops round_cost.py instead of reporting the figures left
+  from the run before."""
+  from types import SimpleNamespace
+
+  from script_modules import load_script
+
+  from ssd_jax.decode import rounds
+  script = load_script("round_cost.py", "round_cost_script")
+  monkeypatch.setattr(rounds, "generate", lambda *args: None)
+  box = dict(loop="rounds", cpu=1.0, main=1.0, wall=1.0)
+  with pytest.raises(RuntimeError, match="ran outside rounds._rounds and sd_chunk.Chunks.run"):
+    script._timed_run(SimpleNamespace(draft=None), [1, 2], None, box)

@@ -1,6 +1,6 @@
-"""The flow of scripts/wide_ssd_check.py (issue 42's bar) at tiny widths: a random bfloat16 Llama-3.1-70B-shaped
-target and Llama-3.2-1B-shaped draft written as safetensors, loaded sharded onto 4 devices + a draft device; greedy
-SSD equals AR there and passes the teacher-forced check against the target on one device."""
+"""The flow of scripts/experiments/wide_ssd_check.py (issue 42's bar) at tiny widths: a random bfloat16
+Llama-3.1-70B-shaped target and Llama-3.2-1B-shaped draft written as safetensors, loaded sharded onto 4 devices + a
+draft device; greedy SSD equals AR there and passes the teacher-forced check against the target on one device."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """A/B of a C++ CPU kernel (ssd_jax/kernels/cpu/*.cc): the source at a git revision against the working tree's, both
 built here and registered side by side, timed interleaved in one process (order alternating per repetition), medians
-of wall time and of the process's CPU time. scripts/bench_kernel_ab.py is its command line.
+of wall time and of the process's CPU time. scripts/dev/bench_kernel_ab.py is its command line.
 
 Two kernels: 'blocks' (rows_matmul.cc, the GGUF block products; both builds must give the same bits) and 'attention'
 (masked_attention.cc; both builds must agree within the kernel tests' 2e-5). Kernel mode times the kernel alone on

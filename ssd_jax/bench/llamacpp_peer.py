@@ -4,7 +4,7 @@
 our modes, THREADS being the cores our run may use (its affinity: under `taskset -c 0` that is one), and with
 `--verify-cost` also `-p 1,2,3,5,9 -n 0 -d PREFIX`: one forward of T new tokens after a PREFIX-token cache (the
 depth fill is not timed), as our verify-cost table measures. The binary comes from `--peer-bin`, else $LLAMA_BENCH,
-else `llama-bench` on the PATH; scripts/build_llamacpp.sh builds it. Optional: nothing else needs it.
+else `llama-bench` on the PATH; scripts/dev/build_llamacpp.sh builds it. Optional: nothing else needs it.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class LlamaBenchError(RuntimeError):
 
 def find_binary(explicit: str | None = None) -> str:
   """Returns the llama-bench to run: `explicit` (--peer-bin), else $LLAMA_BENCH, else `llama-bench` on the PATH."""
-  how = "build it with scripts/build_llamacpp.sh and pass --peer-bin PATH or set LLAMA_BENCH"
+  how = "build it with scripts/dev/build_llamacpp.sh and pass --peer-bin PATH or set LLAMA_BENCH"
   path = explicit or os.environ.get("LLAMA_BENCH")
   if not path:
     found = shutil.which("llama-bench")

@@ -130,7 +130,7 @@ def fit_device(dev: Device, points: list) -> Device:
 
 
 def calibrate(dev: Device, data: dict, configs: dict) -> Device:
-  """Returns `dev` fitted to a calibration run's one-token steps (scripts/plan_calibrate.py writes the JSON): for
+  """Returns `dev` fitted to a calibration run's one-token steps (scripts/dev/plan_calibrate.py writes the JSON): for
   each model it timed (its config in the file, else configs[name]), its AR step at its context, one device."""
   points = []
   from ..models.config import ModelConfig

@@ -5,11 +5,11 @@ tree is never touched) and runs the tests named for it: the run passes when ever
 them fail and the same tests all pass on the unmutated copy. tests/test_mutations.py checks, in the fast suite, that
 every mutation's text still occurs exactly once, so this list cannot go stale silently.
 
-  python scripts/mutation_run.py                 # baseline + every mutation (most of an hour on 2 busy cores)
-  python scripts/mutation_run.py --only NAME...  # some of them; --list names them
-  python scripts/mutation_run.py --json-out F    # also write the table as JSON
-  python scripts/mutation_run.py --param-dtype bfloat16 --only NAME...  # the tests' V=4 pair in bfloat16
-  python scripts/mutation_run.py --head real -x  # the law tests' pair at a real draft's sizes, first failure only
+  python scripts/dev/mutation_run.py                 # baseline + every mutation (most of an hour on 2 busy cores)
+  python scripts/dev/mutation_run.py --only NAME...  # some of them; --list names them
+  python scripts/dev/mutation_run.py --json-out F    # also write the table as JSON
+  python scripts/dev/mutation_run.py --param-dtype bfloat16 --only NAME...  # the tests' V=4 pair in bfloat16
+  python scripts/dev/mutation_run.py --head real -x  # the law tests' pair at a real draft's sizes, first failure only
 
 --param-dtype sets SSD_JAX_TEST_PARAM_DTYPE for the tests: the law tests' tiny pair (tests/test_sd.py v4_pair) is
 cast to it; tests that build their own models keep float32. --head real sets SSD_JAX_TEST_HEAD=real: the law tests'
@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # the repository, two folders up
 SAMPLER = "tests/test_rejection_sampler.py"
 LAW = "tests/test_sampled_decoding.py"
 KEYS = "tests/test_keys.py"
@@ -368,9 +368,9 @@ MUTATIONS = [
 
 
 def copy_tree(dest: str) -> None:
-  """Copies what the tests need (the package, the tests, pytest's settings) into dest."""
+  """Copies what the tests need (the package, the tests, the scripts some tests load, pytest's settings) into dest."""
   ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-  for d in ("ssd_jax", "tests"):
+  for d in ("ssd_jax", "tests", "scripts"):
     shutil.copytree(os.path.join(ROOT, d), os.path.join(dest, d), ignore=ignore)
   shutil.copy(os.path.join(ROOT, "pyproject.toml"), dest)
 

@@ -3,9 +3,9 @@ side by side, timed interleaved in one process (order alternating per repetition
 process's CPU time (ssd_jax/bench/kernel_ab.py). On a busy machine the CPU time is the steadier figure (a pinned
 process that shares its core loses wall time, not CPU time); report ratios, and say the load.
 
-    taskset -c 1 python scripts/bench_kernel_ab.py --kernel blocks --old main            # rows_matmul.cc alone
-    taskset -c 1 python scripts/bench_kernel_ab.py --kernel attention --old main         # masked_attention.cc alone
-    taskset -c 1 python scripts/bench_kernel_ab.py --kernel blocks --old main --forward  # the gguf target's forward
+    taskset -c 1 python scripts/dev/bench_kernel_ab.py --kernel blocks --old main            # rows_matmul.cc alone
+    taskset -c 1 python scripts/dev/bench_kernel_ab.py --kernel attention --old main         # masked_attention.cc alone
+    taskset -c 1 python scripts/dev/bench_kernel_ab.py --kernel blocks --old main --forward  # the gguf target's forward
 
 --kernel blocks multiplies 1..9 rows by random blocks of SmolLM2-135M's shapes (--layers layers of Q4_1 matrices,
 the Q8_0 tied head [49152, 576] unless --no-head) and checks both builds give the same bits. --kernel attention runs
@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository
 from ssd_jax.bench import kernel_ab  # noqa: E402
 from ssd_jax.kernels import cpu_ffi  # noqa: E402
 

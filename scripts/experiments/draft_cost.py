@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The draft's per-token cost, call by call, in this process: what a round of SD spends on its draft.
 
-  PYTHONPATH=. python scripts/draft_cost.py --batch 1,4 --draft-weights full,q8_0
+  PYTHONPATH=. python scripts/experiments/draft_cost.py --batch 1,4 --draft-weights full,q8_0
 
 For each draft weight format and batch size, medians (ms) of interleaved repeats (every call of every format in
 turn, so drift on a shared machine hits them alike), after a --prefix-token cache:

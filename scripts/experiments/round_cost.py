@@ -1,17 +1,21 @@
 #!/usr/bin/env python
 """What a round of AR and SD costs in this process, and how much of it is host work.
 
-  PYTHONPATH=. taskset -c 0 python scripts/round_cost.py --ks 1,2 --max-new-tokens 64
+  PYTHONPATH=. taskset -c 0 python scripts/experiments/round_cost.py --ks 1,2 --max-new-tokens 64
 
 Decodes the prompts greedily with AR and SD at each K in turn (interleaved repeats, after a warm-up run that also
-checks SD's text equals AR's), timing the round loop (rounds._rounds) three ways:
+checks SD's text equals AR's), timing each mode's round loop: `rounds._rounds` (AR, and SD at --sd-chunk 1: a target
+call a round) or `sd_chunk.Chunks.run` (SD in chunks, DecodeOptions.sd_chunk's default: n rounds a call); the report's
+`loop` names it, and a run whose rounds went through neither loop stops the script. The loop is timed three ways:
   tok_s          tokens a second (wall clock: only meaningful on a quiet machine)
   cpu_us_token   the process's CPU time per token (all threads: the compiled programs and the host work); on one
                  core this is the cost that matters, and it holds up on a busy machine better than the wall clock
   main_us_round  the main thread's CPU time per round: dispatch, keying, fetches, the books (host work)
   x_ar_cpu       AR's cpu_us_token over this mode's: SD's speedup in CPU time
+with tokens_per_round and tokens_per_call (a call of the target's program: AR's chunk of steps, SD's chunk of rounds).
 Then each mode's compiled programs alone, their arguments on the device, waited for (CPU us a call): `verify` (the
-target's verify of K drafts, AR's step at K=0) and `chain` (SD's draft, steps.chain_after).
+target's verify of K drafts, AR's step at K=0) and `chain` (SD's draft, steps.chain_after): the programs of a round
+a call (SD at --sd-chunk 1); a chunk runs both n times inside one program.
 """
 from __future__ import annotations
 
@@ -33,49 +37,65 @@ def parse_args(argv=None):
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--ar-chunk", type=int, default=None,
                  help="AR's steps a call (default: DecodeOptions'; 1: an AR round is one step)")
+  p.add_argument("--sd-chunk", type=int, default=None,
+                 help="SD's rounds a call (default: DecodeOptions'; 1: a round a call, the unfused loop)")
   p.add_argument("--tiny", action="store_true", help="the tiny random pair (smoke runs, tests)")
   p.add_argument("--json-out")
   return p.parse_args(argv)
 
 
-def _timed_rounds(box: dict):
-  """Returns a stand-in for rounds._rounds that records its process, main-thread and wall seconds in `box`."""
-  from ssd_jax.decode import rounds
-  inner = rounds._rounds
-
+def _timed(loop, name: str, box: dict):
+  """Returns a stand-in for the round loop `loop` that records its name and its process, main-thread and wall
+  seconds in `box`."""
   def timed(*args):
     c, m, w = time.process_time(), time.thread_time(), time.perf_counter()
-    out = inner(*args)
-    box.update(cpu=time.process_time() - c, main=time.thread_time() - m, wall=time.perf_counter() - w)
+    out = loop(*args)
+    box.update(loop=name, cpu=time.process_time() - c, main=time.thread_time() - m, wall=time.perf_counter() - w)
     return out
-  return inner, timed
+  return timed
+
+
+def _timed_run(dec, prompt, opts, box: dict):
+  """Returns rounds.generate's result for `prompt`, `box` holding what its round loop cost; raises if no timed loop
+  ran (a new loop in rounds.generate would otherwise leave the figures of the previous run in `box`)."""
+  from ssd_jax.decode import rounds
+  box.clear()
+  r = rounds.generate(dec, dec.draft, [prompt], opts)
+  if "loop" not in box:
+    raise RuntimeError("the rounds ran outside rounds._rounds and sd_chunk.Chunks.run, the two loops this script times")
+  return r
 
 
 def loop_costs(decoders: dict, prompts, opts, repeats: int) -> dict:
   """Returns per mode the loop's figures (module docstring), from `repeats` interleaved passes over the prompts."""
-  from ssd_jax.decode import rounds
-  box, acc, text = {}, {m: dict(cpu=0.0, main=0.0, wall=0.0, rounds=0, tokens=0) for m in decoders}, {}
-  inner, rounds._rounds = _timed_rounds(box)
+  from ssd_jax.decode import rounds, sd_chunk
+  box, text = {}, {}
+  acc = {m: dict(cpu=0.0, main=0.0, wall=0.0, rounds=0, calls=0, tokens=0, loops=set()) for m in decoders}
+  plain, chunked = rounds._rounds, sd_chunk.Chunks.run
+  rounds._rounds, sd_chunk.Chunks.run = _timed(plain, "rounds", box), _timed(chunked, "sd_chunk", box)
   try:
     for rep in range(repeats + 1):  # pass 0 warms up and checks the text
       for mode, dec in decoders.items():
         for p in prompts:
-          r = rounds.generate(dec, dec.draft, [p], opts)
+          r = _timed_run(dec, p, opts, box)
           if rep == 0:
             text.setdefault(mode, []).append(r.book.out[0])
             continue
           a = acc[mode]
           for key in ("cpu", "main", "wall"):
             a[key] += box[key]
+          a["loops"].add(box["loop"])
           a["rounds"] += r.timing["rounds"]
+          a["calls"] += r.timing.get("calls", r.timing["rounds"])  # rounds._rounds: a call a round
           a["tokens"] += len(r.book.out[0]) - 1  # the first token comes from the prefill
   finally:
-    rounds._rounds = inner
+    rounds._rounds, sd_chunk.Chunks.run = plain, chunked
   if any(t != text["ar"] for t in text.values()):
     raise ValueError("greedy SD's text differs from AR's")
-  out = {m: dict(tok_s=round(a["tokens"] / a["wall"], 2), cpu_us_token=round(a["cpu"] / a["tokens"] * 1e6),
-                 main_us_round=round(a["main"] / a["rounds"] * 1e6),
-                 tokens_per_round=round(a["tokens"] / a["rounds"], 3)) for m, a in acc.items()}
+  out = {m: dict(loop="+".join(sorted(a["loops"])), tok_s=round(a["tokens"] / a["wall"], 2),
+                 cpu_us_token=round(a["cpu"] / a["tokens"] * 1e6), main_us_round=round(a["main"] / a["rounds"] * 1e6),
+                 tokens_per_round=round(a["tokens"] / a["rounds"], 3),
+                 tokens_per_call=round(a["tokens"] / a["calls"], 3)) for m, a in acc.items()}
   for m in out:
     out[m]["x_ar_cpu"] = round(out["ar"]["cpu_us_token"] / out[m]["cpu_us_token"], 3)
   return out
@@ -136,15 +156,15 @@ def compiled_costs(dec, prompt, opts) -> dict:
 def main(argv=None):
   args = parse_args(argv)
   ks = [int(x) for x in args.ks.split(",")]
-  if args.repeats < 1 or args.max_new_tokens < 2 or min(ks) < 1 or (args.ar_chunk or 1) < 1:
-    fail("--repeats must be >= 1, --max-new-tokens >= 2, --ar-chunk >= 1 and every K >= 1")
+  if args.repeats < 1 or args.max_new_tokens < 2 or min(ks) < 1 or min(args.ar_chunk or 1, args.sd_chunk or 1) < 1:
+    fail("--repeats must be >= 1, --max-new-tokens >= 2, --ar-chunk and --sd-chunk >= 1 and every K >= 1")
   import ssd_jax
   from ssd_jax import api
   from ssd_jax.decode.options import DecodeOptions
 
   pipe = api.load_tiny() if args.tiny else ssd_jax.load()
   prompts = [pipe.encode_prompt(p) for p in PROMPTS]
-  chunk = {} if args.ar_chunk is None else {"ar_chunk": args.ar_chunk}
+  chunk = {k: v for k, v in (("ar_chunk", args.ar_chunk), ("sd_chunk", args.sd_chunk)) if v is not None}
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, ignore_eos=True, **chunk)
   decoders = {"ar": pipe.decoder("ar"), **{f"sd{k}": pipe.decoder("sd", pipe.spec_options(k=k)) for k in ks}}
   report = loop_costs(decoders, prompts, opts, args.repeats)

@@ -8,8 +8,8 @@ transformers' float32 logits for a prompt at positions 0.. and at positions spre
 original context of 8192, where its scaling matters most), and its greedy continuation. `rope.npz` holds transformers' RoPE
 numbers at real sizes (head_dim 128 and 64, factors 8 and 32), where tiny models cannot reach.
 
-  PYTHONPATH=. python scripts/make_family_fixtures.py            # (re)writes the fixtures
-  PYTHONPATH=. python scripts/make_family_fixtures.py --check    # rebuilds in a temp dir and compares
+  PYTHONPATH=. python scripts/dev/make_family_fixtures.py            # (re)writes the fixtures
+  PYTHONPATH=. python scripts/dev/make_family_fixtures.py --check    # rebuilds in a temp dir and compares
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import tempfile
 
 import numpy as np
 
-OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures", "families")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # the repository, two folders up
+OUT = os.path.join(ROOT, "tests", "fixtures", "families")
 PROMPT_LEN, NEW_TOKENS = 12, 12
 # Positions spread to distances up to 30000: RoPE only sees differences, and these reach every band of Llama 3's
 # scaling (a tiny model's contiguous prompt would barely turn its long waves), past its original context of 8192.
@@ -162,7 +163,7 @@ def build_all(out_dir: str) -> None:
 
 def compare(a_dir: str, b_dir: str) -> list[str]:
   """Returns the differences between two fixture trees (arrays compared by value, JSON by content)."""
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(0, ROOT)
   from ssd_jax.models.model_files import read_safetensors
 
   diffs = []

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How much SSD's draft side slows the target's verify when the two share a CPU socket, one core each.
 
-  python scripts/ssd_interference.py --k 1 --fan-out 6 --draft-weights q8_0,full
+  python scripts/experiments/ssd_interference.py --k 1 --fan-out 6 --draft-weights q8_0,full
 
 The target's verify of K+1 tokens a row (batch 1, after a chat prompt, the same position every call) is timed in
 this process, pinned to one core, from dispatch to result (median of --repeats), while the other core runs, in

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Memory of SSD on the real pair: the speculation cache's bytes and the process's peak resident memory.
 
-  python scripts/ssd_memory.py --batch 1 --k 7 --fan-out 3
-  python scripts/ssd_memory.py --batch 16 --k 7 --fan-out 3
+  python scripts/experiments/ssd_memory.py --batch 1 --k 7 --fan-out 3
+  python scripts/experiments/ssd_memory.py --batch 16 --k 7 --fan-out 3
 
 Run one configuration per process: peak RSS is a high-water mark for the whole process (the target's and draft's
 weights, compiled programs, KV caches, the speculation cache and the JAX runtime together).

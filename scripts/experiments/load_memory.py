@@ -1,7 +1,7 @@
 """Peak host memory of loading a Hugging Face safetensors model: sharded (tensor by tensor onto the mesh, in its own
 dtype) against the whole-model reader widened to float32 (how every load worked before).
 
-  PYTHONPATH=. python scripts/load_memory.py --model llama-3.2-1b --layers 2 --devices 4
+  PYTHONPATH=. python scripts/experiments/load_memory.py --model llama-3.2-1b --layers 2 --devices 4
 
 Writes a random bfloat16 model with the named model's real widths, heads and vocabulary (ssd_jax.models.named_configs)
 at --layers depth into --dir, then loads it in a fresh process per method (ru_maxrss is a process's peak) over

@@ -1,8 +1,8 @@
 """Weight-only int8 (or GGUF blocks) against the unquantized model: greedy agreement and perplexity on benchmark
 prompts.
 
-  PYTHONPATH=. python scripts/int8_eval.py --per-set 4 --new-tokens 32 [--json-out int8.json]
-  PYTHONPATH=. python scripts/int8_eval.py --weights gguf     # the SmolLM2 target in its GGUF blocks (blocks.py)
+  PYTHONPATH=. python scripts/experiments/int8_eval.py --per-set 4 --new-tokens 32 [--json-out int8.json]
+  PYTHONPATH=. python scripts/experiments/int8_eval.py --weights gguf  # the SmolLM2 target in GGUF blocks (blocks.py)
 
 For the SmolLM2 target (in float32, the CPU's default dtype: its GGUF weights are Q4_1/Q8_0 dequantized) and for
 the bfloat16 tiny model of `api.load_tiny`, over the first --per-set prompts of each benchmark set (HumanEval, GSM8K,

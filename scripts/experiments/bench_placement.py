@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """What placement costs: AR and SSD with the target over 1, 2 and 4 devices, and the bytes between target and draft.
 
-  python scripts/bench_placement.py                            # SmolLM2-135M target + shipped draft, 1/2/4 devices
-  python scripts/bench_placement.py --tiny --devices 1,2 --max-new-tokens 16 --repeats 1   # a smoke run
+  python scripts/experiments/bench_placement.py   # SmolLM2-135M target + shipped draft, 1/2/4 devices
+  python scripts/experiments/bench_placement.py --tiny --devices 1,2 --max-new-tokens 16 --repeats 1   # a smoke run
 
 On a CPU the script splits it into max(--devices) + 1 devices (the target's mesh and the draft's own device), so on
 a machine with few cores this shows the overheads of the mesh (collectives, dispatch), not a speed-up. Every

@@ -7,8 +7,8 @@ call's query) so one dispatch covers many kernels; the figure is the median over
 Bandwidth counts the K and V bytes of the prefix (B x prefix x G x D x 2 x itemsize), the read a decode step cannot
 avoid; the reference additionally reads the whole cache and builds a dense mask.
 
-    python scripts/bench_kernels.py --out results/        # on a GPU (or TPU): writes kernel_bench.{json,md}
-    python scripts/bench_kernels.py --cpu-smoke --out /tmp  # tiny shapes, interpret mode: checks the script runs
+    python scripts/dev/bench_kernels.py --out results/        # on a GPU (or TPU): writes kernel_bench.{json,md}
+    python scripts/dev/bench_kernels.py --cpu-smoke --out /tmp  # tiny shapes, interpret mode: checks the script runs
 
 CPU timings (interpret mode) say nothing about accelerator speed and are marked as such.
 """

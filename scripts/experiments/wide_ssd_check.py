@@ -5,7 +5,7 @@ bfloat16 draft on a fifth device; greedy SSD must emit exactly AR's tokens on th
 pass the teacher-forced check (ssd_jax/theory/exactness.py) against the target on one device, whose own AR tokens are
 compared too.
 
-  nice -n 5 env PYTHONPATH=. python scripts/wide_ssd_check.py --dir /tmp   # ~8.4 GB on disk, ~13 GB of memory
+  nice -n 5 env PYTHONPATH=. python scripts/experiments/wide_ssd_check.py --dir /tmp  # ~8.4 GB on disk, ~13 GB memory
 
 Prints the peak host memory after loading and at the end (ru_maxrss; on CPU devices the model itself is host memory)
 next to the model's float32 size, and one line per prompt. Exit code 1 when a check fails.

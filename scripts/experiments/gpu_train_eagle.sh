@@ -3,7 +3,7 @@
 # target pass over the 2.35M tokens of the corpora took 162 s (float32 at full precision) and a training step of 64
 # windows of 512 tokens 0.12 s (270k tokens/s): held-out agreement peaked after ~1,100 steps (36M tokens).
 #
-#   bash scripts/gpu_train_eagle.sh TARGET BUDGET_S [OUT_DIR] [extra train_eagle.py options]
+#   bash scripts/experiments/gpu_train_eagle.sh TARGET BUDGET_S [OUT_DIR] [extra train_eagle.py options]
 #
 # TARGET: the target (a name, an ssd-jax checkpoint or the GGUF); BUDGET_S: seconds for the whole run (target load,
 # features, compilation, training, the last held-out evaluation and export; give the lease's command limit some
@@ -11,7 +11,7 @@
 # eagle.tgz (the best exported draft; unpack it under checkpoints/). Installs nothing: jax, flax, optax, orbax and
 # the gguf reader must be importable (a machine without the last can be given its wheel on PYTHONPATH).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository
 TARGET="$1"; BUDGET="$2"; shift 2
 OUT_DIR="${1:-${OUT:-gpu_eagle_out}}"; [ $# -gt 0 ] && shift
 mkdir -p "$OUT_DIR"

@@ -1,7 +1,7 @@
 """Where the compiled AR step's time goes: XLA:CPU's own per-thunk trace of the decode step, summed by part.
 
-    taskset -c 0 python scripts/profile_step.py                 # the GGUF target, batch 1, 100..400 cached tokens
-    python scripts/profile_step.py --tiny --steps 20            # the tiny random target (a smoke run)
+    taskset -c 0 python scripts/experiments/profile_step.py       # the GGUF target, batch 1, 100..400 cached tokens
+    python scripts/experiments/profile_step.py --tiny --steps 20  # the tiny random target (a smoke run)
 
 Runs the AR step (`steps.verify` with no drafts, greedy: the program the AR decoder runs each token) --steps times
 from --start cached tokens, under jax.profiler with XLA's per-thunk trace on (--xla_cpu_enable_xprof_traceme), and
@@ -22,7 +22,7 @@ import tempfile
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true").strip()
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
