@@ -12,7 +12,8 @@ import pytest
 import ssd_jax.kernels.masked_attention as attn
 from ssd_jax.theory.fan_out import geometric_fan_out, uniform_fan_out
 from ssd_jax.kernels import cpu_ffi, rows_matmul
-from test_attention_kernels import tree_mask, verify_mask
+
+from attention_masks import tree_mask, verify_mask
 
 needs_cpu_attention = pytest.mark.skipif(not attn.cpu_attention_available(),
                                          reason="no C++ compiler for the CPU attention kernel")
@@ -186,7 +187,7 @@ def test_cpu_attention_causal_matches_reference(t, h, g, kk):
 @pytest.mark.parametrize("kk,fan_out,h,g", [(3, uniform_fan_out(3, 2), 2, 2), (4, geometric_fan_out(4, 12, 0.8, 0.5), 6, 2)])
 def test_cpu_attention_tree_matches_reference(kk, fan_out, h, g):
   """The draft's tree step: each branch sees the prefix, the glue up to its fork and its own scratch slots up to its
-  depth (depth -1: none), laid out as draft_tree writes them (test_attention_kernels.tree_mask)."""
+  depth (depth -1: none), laid out as draft_tree writes them (attention_masks.tree_mask)."""
   rng = np.random.default_rng(sum(fan_out))
   b, n, d = 2, sum(fan_out), 8
   s = 48 + kk + kk * n
