@@ -6,10 +6,12 @@ import json
 import os
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer, pre_tokenizers
 
 from ssd_jax.models.chat_template import TemplateError, render
 from ssd_jax.models.tokenizer import TextTokenizer, TokenizerError, byte_level_tokenizer, chat_template
+
+from tokenizer_writers import byte_tokenizer
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "fixtures", "templates")
 LLAMA3 = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
@@ -23,21 +25,6 @@ CONVERSATION = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "
 def fixture_template(name: str) -> str:
   with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
     return f.read()
-
-
-def byte_tokenizer(specials, plain=(), bos: str | None = None) -> Tokenizer:
-  """A byte-level BPE over the 256 bytes with these special tokens first (ids 0..), like the real ones without
-  merges; bos: a post-processor that puts it before every raw text, as Llama 3's tokenizer.json does."""
-  vocab = {t: i for i, t in enumerate(list(specials) + list(plain) + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-  tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
-  if bos is not None:
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                       special_tokens=[(bos, vocab[bos])])
-  return tok
 
 
 def model_dir(path, tok: Tokenizer, tokenizer_config=None, generation_config=None, config=None, jinja=None):

@@ -1,0 +1,18 @@
+"""Tokenizers written for the tests: a byte-level BPE over the 256 bytes with the special tokens a model family
+uses, as a Hugging Face tokenizer.json holds it."""
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+
+def byte_tokenizer(specials, plain=(), bos: str | None = None) -> Tokenizer:
+  """A byte-level BPE over the 256 bytes with these special tokens first (ids 0..), like the real ones without
+  merges; bos: a post-processor that puts it before every raw text, as Llama 3's tokenizer.json does."""
+  vocab = {t: i for i, t in enumerate(list(specials) + list(plain) + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+  tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
+  if bos is not None:
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, vocab[bos])])
+  return tok
