@@ -14,6 +14,63 @@ def smollm2():
   return ssd_jax.load(draft=None, weights="full")
 
 
+@pytest.fixture(scope="session")
+def tiny_pair():
+  """(cfg, params): the V=64 tiny target most decoding tests run (pairs.tiny_target), often as its own draft. Data
+  only (no decoder, no compiled program): one for the session."""
+  import pairs
+  return pairs.tiny_target()
+
+
+@pytest.fixture(scope="session")
+def perturbed_draft(tiny_pair):
+  """The params of a draft for tiny_pair's target (its config): the target perturbed by 0.06, which agrees with it
+  often but not always (partial acceptance: rollback runs)."""
+  import pairs
+  return pairs.perturbed(tiny_pair[1], 0.06, 1)
+
+
+@pytest.fixture(scope="session")
+def cut_head_draft(tiny_pair, perturbed_draft):
+  """(cfg, params) of a draft for tiny_pair's target with a cut head (40 of the 64 rows): perturbed_draft's layers,
+  the target's first 40 embedding rows."""
+  import jax
+  from ssd_jax.models import model
+  from ssd_jax.models.config import tiny_config
+  dcfg = tiny_config(vocab_size=64, head_vocab=40)
+  return dcfg, dict(model.init_params(jax.random.key(3), dcfg), layers=perturbed_draft["layers"],
+                    embed=tiny_pair[1]["embed"][:40])
+
+
+@pytest.fixture(scope="session")
+def sd_pair(tiny_pair):
+  """(cfg, target params, draft params): tiny_pair's target and the target perturbed by 0.08, the pair of SD's chain
+  and chunk tests (rounds accept different lengths)."""
+  import pairs
+  cfg, tp = tiny_pair
+  return cfg, tp, pairs.perturbed(tp, 0.08, 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_blocks():
+  """(cfg, target params, draft cfg, draft params, the target's dequantized params): a V=4 pair as pairs.v4_pair's,
+  with every matrix's input width a multiple of 32 (GGUF blocks run along it), the target's layer matrices in Q4_1
+  blocks and its head in Q8_0 (block_weights.block_params); the host copy is the dequantized float32 model (numpy),
+  the numpy reference's."""
+  import jax
+  from ssd_jax.models import model
+  from ssd_jax.models.config import tiny_config
+
+  import block_weights
+  import pairs
+  from draft_heads import V4_HEAD, restrict_head
+  cfg = tiny_config(vocab_size=4, d_model=32, head_dim=8, ffn_dim=32, tie_embeddings=False)
+  fp = model.init_params(jax.random.key(11), cfg, scale=0.3)
+  dcfg, dp = restrict_head(cfg, pairs.perturbed(fp, 0.3, 5), V4_HEAD)
+  tp = block_weights.block_params(fp)
+  return cfg, tp, dcfg, dp, block_weights.dequantized(tp)
+
+
 # Mappings a process may hold before the programs of finished test modules are dropped (Linux's default limit is
 # 65,530; the largest test module adds about 18,000).
 MAX_MAPPINGS = 20_000

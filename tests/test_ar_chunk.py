@@ -1,24 +1,20 @@
 """AR in chunks of n steps a call (DecodeOptions.ar_chunk, steps.ar_chunk): the same tokens as one step a call,
 greedy and sampled, at batch 1 and on ragged batches whose rows stop mid-chunk; one call a chunk."""
-import jax
 import numpy as np
 import pytest
 
 from ssd_jax.decode import ARDecoder, DecodeOptions
 from ssd_jax.decode.base import Programs
-from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
 
-from test_sd import cut_at_first
+from pairs import cut_at_first
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
 
 
 @pytest.fixture(scope="module")
-def dec():
-  cfg = tiny_config(vocab_size=64)
-  return ARDecoder(cfg, model.init_params(jax.random.key(7), cfg, scale=0.3))
+def dec(tiny_pair):
+  return ARDecoder(*tiny_pair)
 
 
 def _run(dec, prompts, n, **opts):

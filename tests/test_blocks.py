@@ -8,35 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+from gguf.quants import dequantize as gguf_dequantize
 
 from ssd_jax.models import blocks, model
 from ssd_jax.kernels import cpu_ffi, rows_matmul
 
+from block_weights import block_weight
+
 needs_kernel = pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
 KINDS = blocks.KINDS
-
-
-def block_weight(w: np.ndarray, kind: str) -> blocks.BlockWeight:
-  """The test writer: a float [K, N] layer matrix in GGUF blocks (gguf's own quantizer, rows [N, K] as a file)."""
-  raw = gguf_quantize(np.ascontiguousarray(np.asarray(w, np.float32).T), getattr(GGMLQuantizationType, kind))
-  return blocks.from_gguf(raw, kind, transposed=True)
-
-
-def block_params(params: dict, layer_kind: str = "Q4_1", head_kind: str = "Q8_0") -> dict:
-  """Returns params with every layer matrix (and an untied lm_head) in GGUF blocks; jax arrays."""
-  mats = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-  layers = [dict(lp, **{k: block_weight(lp[k], layer_kind) for k in mats}) for lp in params["layers"]]
-  out = dict(params, layers=layers)
-  if "lm_head" in params:
-    out["lm_head"] = block_weight(params["lm_head"], head_kind)
-  return jax.tree.map(jnp.asarray, out)
-
-
-def dequantized(params: dict) -> dict:
-  """Returns params with every BlockWeight replaced by its float32 matrix (numpy): what the numpy reference reads."""
-  return jax.tree.map(lambda x: np.asarray(blocks.dequantize(x)) if blocks.is_block(x) else np.asarray(x), params,
-                      is_leaf=blocks.is_block)
 
 
 def _random_halves(rng, shape) -> np.ndarray:

@@ -4,26 +4,22 @@ alone; at temperature 0 the tokens are AR's. (Elsewhere in the suite a DraftLost
 import os
 import signal
 
-import jax
 import pytest
 
-from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, ssd_loop
 from ssd_jax.decode.speculator import ChainDraft, DraftLostWarning
 from ssd_jax.decode.tree_draft import TreeDraft
 
-from test_sd import PROMPTS, _perturbed
+from pairs import PROMPTS
 
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
 OPTS = DecodeOptions(max_new_tokens=21, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def pair():
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  return cfg, tp, _perturbed(tp, 0.06, 1), [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, OPTS)]
+def pair(tiny_pair, perturbed_draft):
+  cfg, tp = tiny_pair
+  return cfg, tp, perturbed_draft, [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, OPTS)]
 
 
 def _at_round(n: int, act):

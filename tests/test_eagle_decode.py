@@ -15,8 +15,7 @@ from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import (LAW_ROWS, LIVE, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, cells, concentrate, concentrate_eagle,
                          generate, live, outside_head_rare, padded, real_head_ids)
-
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]  # ragged rows
+from pairs import PROMPTS
 
 
 def _eagle(tcfg, tparams, head_ids, seed=1, scale=0.3):
@@ -114,7 +113,7 @@ def test_eagle_draft_needs_a_matching_target(pair):
 
 
 def _v4_pair():
-  """Returns (cfg, target params, EAGLE cfg, EAGLE params) for the laws at T > 0: test_sd's untied V=4 target (a
+  """Returns (cfg, target params, EAGLE cfg, EAGLE params) for the laws at T > 0: pairs.v4_pair's untied V=4 target (a
   tied one peaks) with an EAGLE draft whose head is draft_heads.V4_HEAD (shuffled, token 1 left out), the target's
   lm_head rows at init scale 0.3: a law flat enough for Saguaro's q' to differ from q. Under SSD_JAX_TEST_HEAD=real
   the same at a real draft's sizes (draft_heads: 49152 ids, a 16384-row head, the mass on LIVE), with the target's
@@ -158,7 +157,7 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
   rows. A draft law handed to the verifier without top-p or at another temperature than it was drawn at, or a head
   row taken for a token id, fails it (scripts/dev/mutation_run.py)."""
   import numpy_reference as ref
-  from test_rejection_sampler import _chi2_pvalue
+  from law_stats import chi2_pvalue
   if REAL and (mode, backup, temperature, top_p) not in REAL_RUNS:
     pytest.skip(f"the real head runs {REAL_RUNS}")
   cfg, tp, dcfg, dp, host = v4
@@ -182,7 +181,7 @@ def test_eagle_sampled_decoding_follows_the_numpy_law(v4, mode, backup, temperat
     # rows (2.8% or none before draft_heads.outside_head_rare: a bonus outside the head is never cached).
     assert (0.3 if REAL else 0.1) <= hits < 0.9, hits
   law = ref.joint_law(host, cfg, prompt, 3, temperature, top_p, support=LIVE)
-  assert _chi2_pvalue(cells([r.token_ids for r in res]).ravel(), padded(law).ravel()) > 1e-4
+  assert chi2_pvalue(cells([r.token_ids for r in res]).ravel(), padded(law).ravel()) > 1e-4
 
 
 def test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(v4):
@@ -191,14 +190,14 @@ def test_eagle_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(v4)
   joint law of six tokens (3000 rows, 64 cells at 1e-4: detects w >= 0.18 with power 0.99). scripts/dev/mutation_run.py
   hands the verifier the EAGLE draft's plain q; this test fails."""
   import numpy_reference as ref
-  from test_rejection_sampler import _chi2_pvalue
+  from law_stats import chi2_pvalue
   cfg, tp, dcfg, dp, host = v4
   prompt = live([1, 2, 0])
   res = generate(SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=1, saguaro_c=0.1, placement="devices")),
                  [prompt] * LAW_ROWS, DecodeOptions(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=1))
   assert (0.3 if REAL else 0.2) < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9  # real: 0.42
   law = ref.joint_law(host, cfg, prompt, 6, 1.0, 1.0, support=LIVE).sum(axis=(0, 1, 2))
-  assert _chi2_pvalue(cells([r.token_ids for r in res], 3, start=3).ravel(), padded(law).ravel()) > 1e-4
+  assert chi2_pvalue(cells([r.token_ids for r in res], 3, start=3).ravel(), padded(law).ravel()) > 1e-4
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def test_verify_draws_each_rows_uniforms_and_its_bonus_apart():
   position 2, which needs a large u_2, makes token 2 the bonus about half the time instead of a third. The 12 cells
   of nonzero probability at 1e-4 detect w >= 0.055 with power 0.99; those two bugs give w > 1 and w ~ 0.12."""
   from ssd_jax.decode.steps import verify
-  from test_rejection_sampler import _chi2_pvalue, detectable_w
+  from law_stats import chi2_pvalue, detectable_w
   v = k = 4
   b = 20_000
   cfg = tiny_config(vocab_size=v)
@@ -158,4 +158,4 @@ def test_verify_draws_each_rows_uniforms_and_its_bonus_apart():
   counts = np.zeros((k + 1, v))
   np.add.at(counts, (np.asarray(acc), np.asarray(bonus)), 1)
   assert detectable_w(b, int((law > 0).sum())) < 0.055
-  assert _chi2_pvalue(counts.ravel(), law.ravel()) > 1e-4, (counts / b).round(3)
+  assert chi2_pvalue(counts.ravel(), law.ravel()) > 1e-4, (counts / b).round(3)

@@ -16,11 +16,11 @@ from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSD
 from ssd_jax.models.families import CheckpointError
 from ssd_jax.models.tokenizer import byte_level_tokenizer
 
-from draft_heads import REAL, REAL_LIVE, V4_HEAD, concentrate, generate, live, real_head_ids
+from draft_heads import LAW_ROWS, REAL, REAL_LIVE, V4_HEAD, concentrate, generate, live, real_head_ids
+from law_stats import assert_rows_follow_their_laws
 from model_writers import write_gguf, write_hf_dir
-from test_sampled_decoding import PROMPT, ROWS, assert_rows_follow_their_laws
-from test_sd import PROMPTS, _perturbed, v4_pair
-from test_tokenizer import byte_tokenizer
+from pairs import LAW_PROMPT, PROMPTS, perturbed, v4_pair
+from tokenizer_writers import byte_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAD48_COUNTS = np.random.default_rng(8).permutation(64)  # token frequencies whose top 48 are a shuffled non-prefix
@@ -38,11 +38,10 @@ def _write(tmp, fmt, cfg, params, name="draft"):
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def pair(tmp_path_factory, tiny_pair, perturbed_draft):
   """A V=64 target, AR's greedy tokens, and a perturbed copy of it (the same family) written as HF and GGUF."""
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  dp = jax.device_get(_perturbed(tp, 0.06, 1))
+  cfg, tp = tiny_pair
+  dp = jax.device_get(perturbed_draft)
   tmp = tmp_path_factory.mktemp("offshelf")
   paths = {fmt: _write(tmp, fmt, cfg, dp) for fmt in ("hf", "gguf")}
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, DecodeOptions(max_new_tokens=17,
@@ -101,11 +100,11 @@ def test_greedy_sd_and_ssd_with_an_off_the_shelf_draft_equal_ar(pair, fmt, head,
 
 @pytest.fixture(scope="module")
 def v4(tmp_path_factory):
-  """test_sd's V=4 target and, as the off-the-shelf draft, its perturbed full-vocabulary copy written as an HF
+  """pairs.v4_pair's V=4 target and, as the off-the-shelf draft, its perturbed full-vocabulary copy written as an HF
   directory, loaded with its head cut to V4_HEAD's three tokens (by counts that rank them in that order). Under
   SSD_JAX_TEST_HEAD=real: the real-sized pair (draft_heads), cut to real_head_ids()'s 16384 rows."""
   cfg, tp, _, _ = v4_pair()
-  draft, head, counts = _perturbed(tp, 0.3, 5), V4_HEAD, [2, 0, 1, 3]
+  draft, head, counts = perturbed(tp, 0.3, 5), V4_HEAD, [2, 0, 1, 3]
   if REAL:
     draft, head = concentrate(draft, REAL_LIVE), tuple(real_head_ids().tolist())
     counts = np.zeros(cfg.vocab_size)
@@ -129,13 +128,13 @@ def test_sampled_decoding_with_an_off_the_shelf_draft_follows_the_numpy_law(v4, 
   dec = (SDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2)) if mode == "sd"
          else SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2, placement=placement)))
   try:
-    res = generate(dec, [live(PROMPT)] * ROWS, opts)
+    res = generate(dec, [live(LAW_PROMPT)] * LAW_ROWS, opts)
   finally:
     getattr(dec, "close", lambda: None)()
   assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
   if mode == "ssd":
     assert (0.1 if REAL else 0.2) < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9  # real T=0.5: 0.17
-  assert_rows_follow_their_laws(res, [PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
+  assert_rows_follow_their_laws(res, [LAW_PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +147,7 @@ def with_text(tmp_path_factory):
   tp = jax.device_get(model.init_params(jax.random.key(3), cfg, scale=0.3))
   out = {"target": _write(tmp, "hf", cfg, tp, "target")}
   tok.save(os.path.join(out["target"], "tokenizer.json"))
-  dp = jax.device_get(_perturbed(tp, 0.05, 2))
+  dp = jax.device_get(perturbed(tp, 0.05, 2))
   out["hf"] = _write(tmp, "hf", cfg, dp, "same")
   tok.save(os.path.join(out["hf"], "tokenizer.json"))
   out["gguf"] = _write(tmp, "gguf", cfg, dp)
@@ -191,7 +190,7 @@ def test_a_cut_head_keeps_the_special_tokens_wherever_they_lie(tmp_path):
   tp = jax.device_get(model.init_params(jax.random.key(3), cfg, scale=0.3))
   target = _write(tmp_path, "hf", cfg, tp, "target")
   tok.save(os.path.join(target, "tokenizer.json"))
-  pipe = api.load(target, draft=_write(tmp_path, "gguf", cfg, jax.device_get(_perturbed(tp, 0.05, 2))),
+  pipe = api.load(target, draft=_write(tmp_path, "gguf", cfg, jax.device_get(perturbed(tp, 0.05, 2))),
                   draft_head_vocab=100, ssd_placement="devices")
   ids = np.asarray(pipe.draft.params["head_ids"])
   assert IM_END in [tok.id_to_token(i) for i in pipe.tokenizer.eos_ids]

@@ -21,8 +21,8 @@ from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
 from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import head_tables, restrict_head
-from test_rejection_sampler import _chi2_pvalue, detectable_w
-from test_sd import _perturbed
+from law_stats import chi2_pvalue, detectable_w
+from pairs import perturbed
 
 V, ROWS, K, FAN = 8, 2000, 3, (2, 1, 1, 2)
 HEAD = (6, 1, 4, 0, 7)  # tokens 2, 3 and 5 lie outside the draft's head
@@ -38,7 +38,7 @@ def models():
   """A V=8 target, a standalone draft (the target perturbed, cut to HEAD) and an EAGLE draft with HEAD."""
   cfg = tiny_config(vocab_size=V, d_model=16, head_dim=4, ffn_dim=24, n_layers=3, tie_embeddings=False)
   tp = model.init_params(jax.random.key(3), cfg, scale=0.1)
-  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.2, 4), HEAD)
+  dcfg, dp = restrict_head(cfg, perturbed(tp, 0.2, 4), HEAD)
   ecfg = eagle.config_for_target(cfg, len(HEAD), name="eagle-test")
   ep = eagle.init_params(jax.random.key(4), ecfg, tp, np.asarray(HEAD), scale=0.3)
   # The target's embedding rows, flattened so that top_p = 0.7 keeps several tokens, but not so far that temperature
@@ -61,7 +61,7 @@ def _assert_drawn_from(tokens, q):
     counts = np.bincount(tokens[:, d], minlength=V)
     expected = q[:, d].sum(0)
     assert abs(expected.sum() - len(tokens)) < 1e-2 * len(tokens)
-    assert _chi2_pvalue(counts, expected / expected.sum()) > 1e-4, (d, counts, expected.round(1))
+    assert chi2_pvalue(counts, expected / expected.sum()) > 1e-4, (d, counts, expected.round(1))
 
 
 def _standalone(models, temperature, top_p, c):

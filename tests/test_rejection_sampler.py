@@ -2,9 +2,9 @@
 
 Each test draws N independent rounds with a fixed seed and compares emitted tokens with the target's law
 (numpy_reference.sampling_law, never sampling.processed_probs) by a chi-square test at false-alarm rate 1e-4.
-Power: `detectable_w` gives the smallest deviation (Cohen's w = sqrt(sum (p_bug - p)^2 / p)) a test detects with
-probability 0.99; each test states it for its sample size, and test_each_test_has_power_against_its_bug checks that
-the bugs they are meant to catch deviate by more.
+Power: `detectable_w` (law_stats) gives the smallest deviation (Cohen's w = sqrt(sum (p_bug - p)^2 / p)) a test
+detects with probability 0.99; each test states it for its sample size, and test_each_test_has_power_against_its_bug
+checks that the bugs they are meant to catch deviate by more.
 """
 import jax
 import jax.numpy as jnp
@@ -14,59 +14,9 @@ import pytest
 import numpy_reference as ref
 from ssd_jax.decode import sampling
 
+from law_stats import ALPHA, chi2_pvalue, detectable_w, effect_size
+
 N = 60_000
-ALPHA = 1e-4
-
-
-def _chi2_pvalue(counts, probs, min_expected: float = 5.0):
-  """Returns the chi-square goodness-of-fit p-value of counts against probs.
-
-  Cells whose expected count is below `min_expected` are pooled into one cell (the usual validity condition: a
-  single draw in a cell with expectation 1e-3 would otherwise dominate the statistic). Emitting a token of target
-  probability exactly zero fails outright.
-  """
-  from math import erf, sqrt
-  counts = np.asarray(counts, np.float64)
-  exp = np.asarray(probs, np.float64) * counts.sum()
-  assert counts[exp <= 0].sum() == 0, "token with zero target probability was emitted"
-  big = exp >= min_expected
-  obs_cells = list(counts[big]) + ([counts[~big & (exp > 0)].sum()] if (~big & (exp > 0)).any() else [])
-  exp_cells = list(exp[big]) + ([exp[~big & (exp > 0)].sum()] if (~big & (exp > 0)).any() else [])
-  obs_cells, exp_cells = np.asarray(obs_cells), np.asarray(exp_cells)
-  stat = float(((obs_cells - exp_cells) ** 2 / exp_cells).sum())
-  dof = len(exp_cells) - 1
-  assert dof >= 1, "too few cells for a chi-square test"
-  # Wilson-Hilferty approximation of the chi-square tail (no scipy dependency).
-  z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / sqrt(2 / (9 * dof))
-  return 0.5 * (1 - erf(z / sqrt(2)))
-
-
-def detectable_w(n: float, cells: int, alpha: float = ALPHA, power: float = 0.99) -> float:
-  """Returns the smallest effect size w that a chi-square test of n draws over `cells` cells at level alpha detects
-  with probability `power` (noncentral chi-square with noncentrality n w^2, simulated with a fixed seed; the
-  critical value from the same Wilson-Hilferty tail _chi2_pvalue uses)."""
-  from statistics import NormalDist
-  dof = cells - 1
-  z = NormalDist().inv_cdf(1 - alpha)
-  crit = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
-  rng = np.random.default_rng(0)
-  lo, hi = 0.0, 10.0 * crit + 100.0
-  for _ in range(40):  # bisect on the noncentrality
-    lam = (lo + hi) / 2
-    if (rng.noncentral_chisquare(dof, max(lam, 1e-9), 20_000) > crit).mean() >= power:
-      hi = lam
-    else:
-      lo = lam
-  return float(np.sqrt(hi / n))
-
-
-def effect_size(p_bug, p) -> float:
-  """Returns Cohen's w of law p_bug against p (infinite where p_bug puts mass on a token p never emits)."""
-  p_bug, p = np.asarray(p_bug, np.float64).ravel(), np.asarray(p, np.float64).ravel()
-  if (p_bug[p <= 0] > 1e-12).any():
-    return float("inf")
-  m = p > 0
-  return float(np.sqrt(((p_bug[m] - p[m]) ** 2 / p[m]).sum()))
 
 
 def _first_token_dist(key, p_logits, q_logits, temperature, top_p):
@@ -102,7 +52,7 @@ def test_emitted_distribution_equals_target(case, temperature, top_p):
   seed = 10 * sorted(CASES).index(case) + SETTINGS.index((temperature, top_p))
   counts, p = _first_token_dist(jax.random.key(seed), jnp.asarray(p_logits, jnp.float32),
                                 jnp.asarray(ql[None], jnp.float32), temperature, top_p)
-  assert _chi2_pvalue(counts, p) > ALPHA, (counts / N, p)
+  assert chi2_pvalue(counts, p) > ALPHA, (counts / N, p)
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
@@ -154,7 +104,7 @@ def test_every_position_of_a_round_follows_the_target(k):
     reached = acc >= i
     assert reached.sum() > 0.7 * N_ROUNDS  # every position, the bonus after all K too, is well sampled
     counts = np.bincount(emitted[reached, i], minlength=BASE.size)
-    assert _chi2_pvalue(counts, p[i]) > ALPHA, (k, i, counts / reached.sum(), p[i])
+    assert chi2_pvalue(counts, p[i]) > ALPHA, (k, i, counts / reached.sum(), p[i])
 
 
 def test_each_test_has_power_against_its_bug():
@@ -188,7 +138,7 @@ def test_the_test_catches_a_wrong_residual():
     return jnp.where(accept, s, sampling.sample(kb, p))  # the classic bug
 
   toks = np.asarray(jax.vmap(one)(jax.random.split(jax.random.key(0), N)))
-  assert _chi2_pvalue(np.bincount(toks, minlength=6), ref.sampling_law(pl, 1.0, 1.0)) < ALPHA
+  assert chi2_pvalue(np.bincount(toks, minlength=6), ref.sampling_law(pl, 1.0, 1.0)) < ALPHA
 
 
 def test_greedy_accepts_exactly_while_draft_equals_argmax():
@@ -226,7 +176,7 @@ def test_multi_position_joint_distribution_k3():
     return jnp.where(acc[0] > 0, s[0], bonus[0]), second
 
   first, second = (np.asarray(x) for x in jax.vmap(one)(jax.random.split(jax.random.key(3), N)))
-  assert _chi2_pvalue(np.bincount(first, minlength=6), p_np[0]) > ALPHA
+  assert chi2_pvalue(np.bincount(first, minlength=6), p_np[0]) > ALPHA
   both = second >= 0
   accepted = np.minimum(p_np[0], q_np[0])
   assert abs(both.mean() - accepted.sum()) < 0.01
@@ -234,7 +184,7 @@ def test_multi_position_joint_distribution_k3():
   counts = np.zeros((6, 6))
   np.add.at(counts, (first[both], second[both]), 1)
   assert detectable_w(both.sum(), 36) < 0.04
-  assert _chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
+  assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
 
 
 def test_greedy_outcome_equals_the_rejection_rule_at_temperature_0():

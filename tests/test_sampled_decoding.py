@@ -16,13 +16,13 @@ from ssd_jax.decode.base import pad_prompts
 from ssd_jax.decode.steps import draft_propose, draft_tree, prefill
 from ssd_jax.models.kv_cache import KVCache
 
-from test_rejection_sampler import _chi2_pvalue, detectable_w, effect_size
 from draft_heads import LAW_ROWS, LIVE, REAL, cells, generate, live, padded, restrict_head
-from test_sd import v4_pair
+from law_stats import assert_rows_follow_their_laws, chi2_pvalue, detectable_w, effect_size
+from pairs import LAW_PROMPT, v4_pair
 
 # Under SSD_JAX_TEST_HEAD=real (draft_heads) the pair has 49152 ids and a 16384-row head: the law tests then draw
 # LAW_ROWS = 500 rows (w >= 0.45 at 64 cells) in two settings per mode.
-ROWS, PROMPT = LAW_ROWS, [1, 2, 0]
+ROWS, PROMPT = LAW_ROWS, LAW_PROMPT
 SETTINGS = [(t, tp) for t in (0.5, 1.0, 1.5) for tp in (0.7, 1.0)]
 REAL_SETTINGS = [(1.0, 1.0), (1.5, 0.7)]
 
@@ -34,7 +34,7 @@ def skip_unless_real_setting(temperature, top_p, settings=REAL_SETTINGS):
 
 @pytest.fixture(scope="module")
 def tiny():
-  """test_sd's V=4 pair (untied: a peaked law would leave top_p = 0.7 a single token) and the target on the host."""
+  """pairs.v4_pair (untied: a peaked law would leave top_p = 0.7 a single token) and the target on the host."""
   cfg, tp, dcfg, dp = v4_pair()
   return cfg, tp, dcfg, dp, jax.device_get(tp)
 
@@ -55,29 +55,6 @@ def _decode(mode, cfg, tp, dcfg, dp, temperature, top_p, seed, prompts=(PROMPT,)
   else:
     dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2))
   return generate(dec, [live(prompts[r % len(prompts)]) for r in range(ROWS)], opts)
-
-
-def assert_rows_follow_their_laws(res, prompts, host, cfg, temperature, top_p, n_new=3, tail=False):
-  """Chi-square at 1e-4 of the first three tokens of rows (prompts alternating over the rows) against each prompt's
-  numpy joint law, over 64 cells per prompt; with tail=True also tokens 4 to 6 against their marginal law (which
-  SSD emits mostly from speculations served out of its cache). Cells count the pair's LIVE ids; any other id counts
-  in a cell of law zero, which fails outright."""
-  counts, probs = [], []
-  for g, prompt in enumerate(prompts):
-    rows = [r.token_ids for i, r in enumerate(res) if i % len(prompts) == g]
-    law = ref.joint_law(host, cfg, live(prompt), 6 if tail else 3, temperature, top_p, support=LIVE)
-    parts = [(0, law.sum(axis=(3, 4, 5)) if tail else law)] + ([(3, law.sum(axis=(0, 1, 2)))] if tail else [])
-    for start, part in parts:
-      counts.append(cells(rows, 3, start).ravel())
-      probs.append(padded(part).ravel() * len(rows))
-  counts, probs = np.concatenate(counts), np.concatenate(probs)
-  if not tail:
-    assert _chi2_pvalue(counts, probs / probs.sum()) > 1e-4
-    return
-  half = len(counts) // (2 * len(prompts))  # first three and tail, tested apart: they are not independent
-  for part in (0, 1):
-    idx = np.concatenate([np.arange(half) + (2 * g + part) * half for g in range(len(prompts))])
-    assert _chi2_pvalue(counts[idx], probs[idx] / probs[idx].sum()) > 1e-4, ("tokens 4-6" if part else "tokens 1-3")
 
 
 @pytest.mark.parametrize("temperature,top_p", SETTINGS)
@@ -118,20 +95,6 @@ def _check_law(tiny, mode, temperature, top_p, seed):
     # Rounds served from the speculation cache and rounds the backup drafted (bfloat16 params at T = 0.5 hit 0.93).
     assert 0.2 < hits < 0.95, hits
   assert_rows_follow_their_laws(res, [PROMPT], host, cfg, temperature, top_p, tail=mode == "ssd")
-
-
-@pytest.fixture(scope="module")
-def tiny_blocks():
-  """A V=4 pair as test_sd's, with every matrix's input width a multiple of 32 (GGUF blocks run along it), the
-  target's layer matrices in Q4_1 blocks and its head in Q8_0; the host copy is the dequantized float32 model."""
-  from test_blocks import block_params, dequantized
-  from draft_heads import V4_HEAD
-  from test_sd import _perturbed
-  cfg = tiny_config(vocab_size=4, d_model=32, head_dim=8, ffn_dim=32, tie_embeddings=False)
-  fp = model.init_params(jax.random.key(11), cfg, scale=0.3)
-  dcfg, dp = restrict_head(cfg, _perturbed(fp, 0.3, 5), V4_HEAD)
-  tp = block_params(fp)
-  return cfg, tp, dcfg, dp, dequantized(tp)
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
@@ -208,7 +171,7 @@ def test_ssd_saguaro_tokens_served_from_the_cache_follow_the_numpy_law(tiny):
   assert (0.05 if REAL else 0.2) < np.mean([r.stats.extra["cache_hit_rate"] for r in res]) < 0.9
   counts = cells([r.token_ids for r in res], 3, start=3)
   law = ref.joint_law(host, cfg, live(PROMPT), 6, 1.0, 1.0, support=LIVE).sum(axis=(0, 1, 2))
-  assert _chi2_pvalue(counts.ravel(), padded(law).ravel()) > 1e-4
+  assert chi2_pvalue(counts.ravel(), padded(law).ravel()) > 1e-4
 
 
 def _numpy_q(logits, temperature, top_p, c, n_top):

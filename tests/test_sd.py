@@ -1,70 +1,25 @@
 """Speculative decoding: greedy equality with AR, end-to-end distribution at temperature 1, bad input."""
-import itertools
-import os
-
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax.models import checkpoints, model
+from ssd_jax.models import model
 from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 
-from draft_heads import (LAW_ROWS, LIVE, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, cells, concentrate, generate, live,
-                         padded, real_head_ids, restrict_head)
-
-
-def _perturbed(params, scale, seed):
-  """A draft that agrees with the target often but not always (partial acceptance exercises rollback)."""
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) if x.dtype == jnp.float32 else x
-                                   for x, k in zip(leaves, keys)])
-
-
-# The params' dtype of v4_pair, which the law tests decode with: SSD_JAX_TEST_PARAM_DTYPE=bfloat16 runs them with
-# 16-bit params (scripts/dev/mutation_run.py --param-dtype bfloat16); float32 by default.
-TEST_PARAM_DTYPE = os.environ.get("SSD_JAX_TEST_PARAM_DTYPE", "float32")
-
-
-def v4_pair(dtype: str | None = None, real: bool = REAL):
-  """Returns (cfg, target params, draft cfg, draft params): a V=4 target and a draft noticeably different from it,
-  for the laws at T > 0. Untied embeddings: with tied ones a tiny model repeats its last token with probability
-  ~0.99, and a law that peaked leaves a test little to see. The draft's head is draft_heads.V4_HEAD (shuffled, token 1
-  left out), as a trained draft's is not a prefix of the vocabulary. real (SSD_JAX_TEST_HEAD=real): the pair at a real
-  draft's sizes, vocabulary 49152 and draft_heads.real_head_ids(), its mass on draft_heads.LIVE (token t is LIVE[t]).
-  dtype: the floating params' (None: TEST_PARAM_DTYPE), cast after the draft is drawn, so both dtypes decode the same
-  pair up to rounding."""
-  cfg = tiny_config(vocab_size=REAL_VOCAB if real else 4, d_model=16, head_dim=4, ffn_dim=24, tie_embeddings=False)
-  tp = model.init_params(jax.random.key(11), cfg, scale=0.3)
-  if not real:
-    dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.3, 5), V4_HEAD)
-  else:
-    tp = concentrate(tp, REAL_LIVE)
-    dcfg, dp = restrict_head(cfg, concentrate(_perturbed(tp, 0.3, 5), REAL_LIVE), real_head_ids())
-  dt = dtype or TEST_PARAM_DTYPE
-  return cfg, checkpoints.cast_params(tp, dt), dcfg, checkpoints.cast_params(dp, dt)
-
-
-@pytest.fixture(scope="module")
-def pair():
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  return cfg, tp
-
-
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
+from draft_heads import LAW_ROWS, generate, live, restrict_head
+from law_stats import assert_joint_matches_target
+from pairs import PROMPTS, perturbed, two_stop_ids, v4_pair
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("draft_kind", ["self", "perturbed", "unrelated"])
-def test_greedy_sd_equals_greedy_ar(pair, k, draft_kind):
-  cfg, tp = pair
+def test_greedy_sd_equals_greedy_ar(tiny_pair, k, draft_kind):
+  cfg, tp = tiny_pair
   if draft_kind == "self":
     dcfg, dp = cfg, tp
   elif draft_kind == "perturbed":
-    dcfg, dp = cfg, _perturbed(tp, 0.08, 1)
+    dcfg, dp = cfg, perturbed(tp, 0.08, 1)
   else:
     dcfg = tiny_config(vocab_size=64, n_layers=1, d_model=16, head_dim=4, ffn_dim=24)
     dp = model.init_params(jax.random.key(8), dcfg, scale=0.3)
@@ -80,10 +35,10 @@ def test_greedy_sd_equals_greedy_ar(pair, k, draft_kind):
     assert 0 < np.mean(rates) < 1  # rows accept different lengths: rollback is exercised
 
 
-def test_greedy_sd_with_reduced_vocab_draft_and_eos(pair):
-  cfg, tp = pair
+def test_greedy_sd_with_reduced_vocab_draft_and_eos(tiny_pair):
+  cfg, tp = tiny_pair
   # The target, perturbed, cut to a shuffled head of 40 tokens: it agrees often enough for accepted drafts to matter.
-  dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.06, 1), np.random.default_rng(0).permutation(64)[:40])
+  dcfg, dp = restrict_head(cfg, perturbed(tp, 0.06, 1), np.random.default_rng(0).permutation(64)[:40])
   ar = ARDecoder(cfg, tp).generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True))
   eos = ar[0].token_ids[5]
   opts = DecodeOptions(max_new_tokens=15, eos_id=eos)
@@ -93,30 +48,14 @@ def test_greedy_sd_with_reduced_vocab_draft_and_eos(pair):
   assert 0 < np.mean([r.stats.extra["acceptance_rate"] for r in res]) < 1
 
 
-def cut_at_first(tokens, stops):
-  """Returns tokens up to and including the first of `stops` (the reference every decoder must match)."""
-  hits = [j for j, t in enumerate(tokens) if t in stops]
-  return tokens[: hits[0] + 1] if hits else tokens
-
-
-def two_stop_ids(cfg, tp):
-  """Returns (ids, AR's rows cut at the first of either): two stop ids as Llama 3's <|eot_id|> and <|end_of_text|>,
-  each the first stop of a different row, each mid-text (inside a speculative round's accepted drafts)."""
-  full = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True))]
-  stops = (full[0][8], full[1][4])
-  want = [cut_at_first(t, stops) for t in full]
-  assert want[0][-1] == stops[0] and want[1][-1] == stops[1] and len(want[0]) < 15 and len(want[1]) < 15
-  return stops, want
-
-
 @pytest.mark.parametrize("k", [1, 4])
 @pytest.mark.parametrize("draft_kind", ["self", "perturbed"])
-def test_greedy_sd_stops_at_the_first_of_several_eos_ids(pair, k, draft_kind):
-  cfg, tp = pair
+def test_greedy_sd_stops_at_the_first_of_several_eos_ids(tiny_pair, k, draft_kind):
+  cfg, tp = tiny_pair
   stops, want = two_stop_ids(cfg, tp)
   opts = DecodeOptions(max_new_tokens=15, eos_id=stops)
   assert [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)] == want
-  dp = tp if draft_kind == "self" else _perturbed(tp, 0.08, 1)
+  dp = tp if draft_kind == "self" else perturbed(tp, 0.08, 1)
   assert [r.token_ids for r in SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k)).generate(PROMPTS, opts)] == want
 
 
@@ -136,22 +75,8 @@ def test_sd_temperature_one_matches_target_joint_distribution():
   assert_joint_matches_target(seqs, tp, cfg, prompt)
 
 
-def assert_joint_matches_target(seqs, tp, cfg, prompt, alpha=1e-4, ids=LIVE):
-  """Chi-square test of the empirical joint of the first three tokens (ids) against the target's exact joint over
-  draft_heads.LIVE (the whole vocabulary of the tiny pair)."""
-  from test_rejection_sampler import _chi2_pvalue
-  v = len(ids)
-  probs = np.zeros((v, v, v))
-  for a, b in itertools.product(range(v), range(v)):
-    seq = jnp.asarray([prompt + [ids[a], ids[b]]])
-    lg = np.asarray(jax.nn.softmax(model.forward_full(tp, seq, cfg)[0], -1))[:, list(ids)]
-    probs[a, b, :] = lg[len(prompt) - 1, a] * lg[len(prompt), b] * lg[len(prompt) + 1]
-  assert abs(probs.sum() - 1) < 1e-4  # all the mass on LIVE (draft_heads.concentrate under the real head)
-  assert _chi2_pvalue(cells(seqs, ids=ids).ravel(), padded(probs).ravel()) > alpha
-
-
-def test_sd_bad_input(pair):
-  cfg, tp = pair
+def test_sd_bad_input(tiny_pair):
+  cfg, tp = tiny_pair
   with pytest.raises(ValueError, match="K"):
     SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=0))
   with pytest.raises(ValueError, match="K=200 needs"):  # tiny context is 512 tokens
@@ -162,12 +87,12 @@ def test_sd_bad_input(pair):
     SDDecoder(cfg, tp, other, model.init_params(jax.random.key(0), other), SpecOptions(k=2))
 
 
-def test_a_draft_of_another_vocabulary_reads_one_line_wherever_it_is_paired(pair):
+def test_a_draft_of_another_vocabulary_reads_one_line_wherever_it_is_paired(tiny_pair):
   """One check of the pair's vocabulary (config.check_same_vocabulary): the decoders and a Pipeline built by hand
   say the same line (the Pipeline with the draft's path)."""
   from ssd_jax.api import LoadedModel, Pipeline
   from ssd_jax.decode import SSDDecoder
-  cfg, tp = pair
+  cfg, tp = tiny_pair
   other = tiny_config(vocab_size=65)
   op = model.init_params(jax.random.key(0), other)
   tail = "has a vocabulary of 65 tokens, the target 64; a draft must share the target's tokenizer"
@@ -178,12 +103,12 @@ def test_a_draft_of_another_vocabulary_reads_one_line_wherever_it_is_paired(pair
 
 
 @pytest.mark.parametrize("decoder", ["sd", "ssd"])
-def test_a_target_with_a_reduced_head_is_rejected(pair, decoder):
+def test_a_target_with_a_reduced_head_is_rejected(tiny_pair, decoder):
   """verify indexes p by token id and draws the bonus over p's rows: a target whose head holds only some tokens
   would accept and emit the wrong ones, so it is refused up front. SD never reads the fan-out: a draft with a small
   head is no reason to refuse it."""
   from ssd_jax.decode import SSDDecoder
-  cfg, tp = pair
+  cfg, tp = tiny_pair
   rcfg, rp = restrict_head(cfg, tp, np.random.default_rng(1).permutation(64)[:40])
   make = SDDecoder if decoder == "sd" else SSDDecoder
   with pytest.raises(ValueError, match="reduced head"):

@@ -7,25 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import DecodeOptions, SDDecoder, SpecOptions
 from ssd_jax.decode import speculator
 from ssd_jax.decode.base import SpecBook
 from ssd_jax.decode.steps import advance_tail
 
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
-
-
-@pytest.fixture(scope="module")
-def pair():
-  """A target and a draft that agrees with it often but not always (rounds accept different lengths)."""
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  leaves, tree = jax.tree.flatten(tp)
-  keys = jax.random.split(jax.random.key(1), len(leaves))
-  dp = jax.tree.unflatten(tree, [x + 0.08 * jax.random.normal(kk, x.shape) for x, kk in zip(leaves, keys)])
-  return cfg, tp, dp
+from pairs import PROMPTS
 
 
 @pytest.mark.parametrize("w,k", [(2, 1), (2, 3), (4, 3), (6, 2)])
@@ -75,11 +62,11 @@ def _checked_rounds(monkeypatch, strip: bool = False):
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_the_chain_drafts_from_the_committed_tail_with_rows_ending_apart(pair, monkeypatch, k):
+def test_the_chain_drafts_from_the_committed_tail_with_rows_ending_apart(sd_pair, monkeypatch, k):
   """Rows stop at different rounds (an EOS mid-text, max_new_tokens): every live row's proposal read its committed
   tail, on the device and on the host path alike, and both give the same tokens at T = 1 (their drafts and q
   decide the text with the seed)."""
-  cfg, tp, dp = pair
+  cfg, tp, dp = sd_pair
   dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k))
   base = [r.token_ids for r in dec.generate(PROMPTS, DecodeOptions(max_new_tokens=15, ignore_eos=True, sd_chunk=1))]
   opts = DecodeOptions(max_new_tokens=15, eos_id=base[1][6], sd_chunk=1)  # row 1 stops mid-text
@@ -96,10 +83,10 @@ def test_the_chain_drafts_from_the_committed_tail_with_rows_ending_apart(pair, m
   assert out[False][1] == base[1][:base[1].index(eos) + 1]  # row 1 stopped at its EOS
 
 
-def test_a_round_places_nothing_from_the_host(pair, monkeypatch):
+def test_a_round_places_nothing_from_the_host(sd_pair, monkeypatch):
   """After the first proposal the chain's inputs are device arrays: the draft side puts no host data in a round
   (the tail and the outcome stay on the device)."""
-  cfg, tp, dp = pair
+  cfg, tp, dp = sd_pair
   dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2))
   side = dec.draft.side
   host_puts = []

@@ -5,10 +5,8 @@ import pytest
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 from ssd_jax.decode import sd_chunk
 from ssd_jax.decode.base import Programs
-import test_sd_chain
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
-pair = test_sd_chain.pair  # the fixture: a target and a draft that agree often but not always
 SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
 
 
@@ -23,23 +21,23 @@ def _run(dec, prompts, n, **opts):
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("rows,k", [(1, 2), (4, 1), (4, 3)])
-def test_chunks_give_the_unfused_tokens(pair, setting, rows, k):
-  dec = _dec(pair, k)
+def test_chunks_give_the_unfused_tokens(sd_pair, setting, rows, k):
+  dec = _dec(sd_pair, k)
   prompts, opts = PROMPTS[:rows], dict(max_new_tokens=13, ignore_eos=True, **SETTINGS[setting])
   ref = _run(dec, prompts, 1, **opts)
   assert all(len(r) == 13 for r in ref)
   for n in (2, 3, 4):
     assert _run(dec, prompts, n, **opts) == ref, n
   if setting == "greedy":
-    ar = [r.token_ids for r in ARDecoder(pair[0], pair[1]).generate(prompts, DecodeOptions(**opts))]
+    ar = [r.token_ids for r in ARDecoder(sd_pair[0], sd_pair[1]).generate(prompts, DecodeOptions(**opts))]
     assert ref == ar
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_rows_stopping_mid_chunk(pair, setting):
+def test_rows_stopping_mid_chunk(sd_pair, setting):
   """Stop ids taken from the unfused text end rows at different places inside chunks; the others run on to
   max_new_tokens or their own stop."""
-  dec = _dec(pair, 2)
+  dec = _dec(sd_pair, 2)
   opts = dict(max_new_tokens=16, ignore_eos=True, **SETTINGS[setting])
   free = _run(dec, PROMPTS, 1, **opts)
   stops = (free[0][3], free[3][6])
@@ -50,11 +48,11 @@ def test_rows_stopping_mid_chunk(pair, setting):
     assert _run(dec, PROMPTS, n, **opts) == ref, n
 
 
-def test_one_call_a_chunk(pair, monkeypatch):
+def test_one_call_a_chunk(sd_pair, monkeypatch):
   """Rounds run as sd_chunk calls (no separate verify or chain call after the first chain), n at a time until no
   row needs n more tokens, then fewer (n/2, .., 1): the schedule replayed from each round's committed tokens;
   target_forwards counts a forward a round."""
-  cfg, tp, _ = pair
+  cfg, tp, _ = sd_pair
   dec = SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2))  # the target as its own draft: 3 tokens every round
   calls = []
   call = Programs.__call__
@@ -85,10 +83,10 @@ def test_one_call_a_chunk(pair, monkeypatch):
   assert rounds == len(pieces) - 1 and res[0].stats.target_forwards == rounds + 1  # the prefill's, then a round
 
 
-def test_not_fused_for_a_draft_reading_features(pair):
+def test_not_fused_for_a_draft_reading_features(sd_pair):
   """Only SD's colocated chain of a draft that reads tokens is fused: the same decoder and chain, once its draft
   reads target features (an EAGLE draft's feature_layers), is not."""
-  dec = _dec(pair, 2)
+  dec = _dec(sd_pair, 2)
   assert sd_chunk.fusable(dec, dec.draft)
   dec.feature_layers = (1,)
   assert not sd_chunk.fusable(dec, dec.draft)

@@ -11,7 +11,7 @@ from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSD
 from ssd_jax.sharding import CACHE_AXES, cache_spec, make_placement, param_axes, param_specs
 
 from distributed_worker import make_decoder
-from test_sd import PROMPTS, _perturbed
+from pairs import PROMPTS, perturbed
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 5, reason="needs 5 devices (XLA_FLAGS in conftest)")
 
@@ -21,7 +21,7 @@ def pair():
   # 4 query / 4 KV heads and FFN 48: everything divides a mesh of 4, so every rule is exercised.
   cfg = tiny_config(vocab_size=64, n_heads=4, n_kv_heads=4)
   tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  return cfg, tp, _perturbed(tp, 0.06, 1)
+  return cfg, tp, perturbed(tp, 0.06, 1)
 
 
 def _spec(x):
@@ -69,7 +69,7 @@ def test_block_weights_are_placed_by_their_logical_axes():
   """GGUF block weights (ssd_jax/models/blocks.py) keep the param axes of the matrix they replace: a layer matrix's
   arrays are [out, in] rows, so wq's output columns split the rows; wo's input axis splits the blocks (2 of them over a
   mesh of 2). The decoded tokens equal the single-device ones."""
-  from test_blocks import block_params
+  from block_weights import block_params
   cfg = tiny_config(vocab_size=64, d_model=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn_dim=64)
   bp = block_params(model.init_params(jax.random.key(3), cfg, scale=0.3))
   sp = make_placement(2, 1).shard_target(bp, cfg)

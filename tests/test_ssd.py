@@ -13,13 +13,8 @@ from ssd_jax.decode.steps import draft_tree, pick_branch, prefill
 from ssd_jax.models.kv_cache import KVCache
 
 from draft_heads import LAW_ROWS, LIVE, REAL, TINY_LIVE, generate, live, restrict_head
-from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids, v4_pair
-
-
-@pytest.fixture(scope="module")
-def pair():
-  cfg = tiny_config(vocab_size=64)
-  return cfg, model.init_params(jax.random.key(7), cfg, scale=0.3)
+from law_stats import assert_joint_matches_target
+from pairs import PROMPTS, two_stop_ids, v4_pair
 
 
 @pytest.mark.parametrize("head", [False, True])
@@ -104,12 +99,12 @@ def test_lookup_serves_each_row_its_own_branch():
 
 @pytest.mark.parametrize("k,f", [(1, 1), (4, 3), (8, 2)])
 @pytest.mark.parametrize("draft_kind", ["self", "perturbed", "unrelated"])
-def test_greedy_ssd_equals_greedy_ar(pair, k, f, draft_kind):
-  cfg, tp = pair
+def test_greedy_ssd_equals_greedy_ar(tiny_pair, perturbed_draft, k, f, draft_kind):
+  cfg, tp = tiny_pair
   if draft_kind == "self":  # all hits after the first round
     dcfg, dp = cfg, tp
   elif draft_kind == "perturbed":  # hits and misses
-    dcfg, dp = cfg, _perturbed(tp, 0.06, 1)
+    dcfg, dp = cfg, perturbed_draft
   else:  # almost all misses
     dcfg = tiny_config(vocab_size=64, n_layers=1, d_model=16, head_dim=4, ffn_dim=24, head_vocab=50)
     dp = model.init_params(jax.random.key(8), dcfg, scale=0.3)
@@ -141,17 +136,17 @@ def test_ssd_temperature_one_matches_target_joint_distribution(saguaro_c):
 
 
 @pytest.mark.parametrize("k,draft_kind", [(4, "self"), (2, "perturbed")])
-def test_greedy_ssd_stops_at_the_first_of_several_eos_ids(pair, k, draft_kind):
-  cfg, tp = pair
+def test_greedy_ssd_stops_at_the_first_of_several_eos_ids(tiny_pair, perturbed_draft, k, draft_kind):
+  cfg, tp = tiny_pair
   stops, want = two_stop_ids(cfg, tp)
-  dp = tp if draft_kind == "self" else _perturbed(tp, 0.06, 1)
+  dp = tp if draft_kind == "self" else perturbed_draft
   res = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k, fan_out=2)).generate(
       PROMPTS, DecodeOptions(max_new_tokens=15, eos_id=stops))
   assert [r.token_ids for r in res] == want
 
 
-def test_ssd_bad_input(pair):
-  cfg, tp = pair
+def test_ssd_bad_input(tiny_pair):
+  cfg, tp = tiny_pair
   with pytest.raises(ValueError, match="fan-out"):
     SSDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2, fan_out=0))
   with pytest.raises(ValueError, match="K"):
@@ -160,9 +155,9 @@ def test_ssd_bad_input(pair):
 
 @pytest.mark.parametrize("backup", ["fast", "ngram", "auto"])
 @pytest.mark.parametrize("fan_out,fan_out_miss", [(3, None), ((4, 3, 2, 2, 4), (9, 3, 1, 1, 1))])
-def test_greedy_ssd_backups_and_fan_out_vectors(pair, backup, fan_out, fan_out_miss):
-  cfg, tp = pair
-  dp = _perturbed(tp, 0.06, 1)
+def test_greedy_ssd_backups_and_fan_out_vectors(tiny_pair, perturbed_draft, backup, fan_out, fan_out_miss):
+  cfg, tp = tiny_pair
+  dp = perturbed_draft
   opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
   ar = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
   dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=4, fan_out=fan_out, fan_out_miss=fan_out_miss, backup=backup))
@@ -276,11 +271,11 @@ def test_auto_backup_choice_falls_with_the_batch_at_theorem_17s_critical_batch()
   assert critical_batch(0.8, 3.0, 3.0, 0.3 / 8) > 16  # what the per-row time would have said
 
 
-def test_auto_backup_tally_of_a_batch_run_counts_rows_and_calls(pair):
+def test_auto_backup_tally_of_a_batch_run_counts_rows_and_calls(tiny_pair, perturbed_draft):
   """A batch of 4 decoded with backup='auto': the tally's hits and misses are the per-row lookups the draft counted
   (each live row of each lookup once), and its neural calls the neural backups served, whatever the batch."""
-  cfg, tp = pair
-  dec = SSDDecoder(cfg, tp, cfg, _perturbed(tp, 0.06, 1), SpecOptions(k=2, fan_out=2, backup="auto"))
+  cfg, tp = tiny_pair
+  dec = SSDDecoder(cfg, tp, cfg, perturbed_draft, SpecOptions(k=2, fan_out=2, backup="auto"))
   opts = DecodeOptions(max_new_tokens=23, ignore_eos=True)
   res = dec.generate(PROMPTS, opts)
   assert [r.token_ids for r in res] == [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]

@@ -3,26 +3,20 @@ host after each; the same keys, speculations and so the same tokens as the loop 
 import math
 import os
 
-import jax
 import pytest
 
-from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder, ssd_loop
 
-from test_sd import PROMPTS, _perturbed, two_stop_ids
+from pairs import PROMPTS, two_stop_ids
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
 
 
 @pytest.fixture(scope="module")
-def split():
+def split(tiny_pair, cut_head_draft):
   """A target and a draft with a cut head (40 of 64 rows) in its own process, and the target alone."""
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  dcfg = tiny_config(vocab_size=64, head_vocab=40)
-  dp = dict(model.init_params(jax.random.key(3), dcfg), layers=_perturbed(tp, 0.06, 1)["layers"],
-            embed=tp["embed"][:40])
+  cfg, tp = tiny_pair
+  dcfg, dp = cut_head_draft
   dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=2, fan_out=2, placement="processes"))
   yield cfg, tp, dec
   dec.close()

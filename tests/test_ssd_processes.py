@@ -13,26 +13,19 @@ from ssd_jax.decode.draft_process import split_cores
 
 from draft_heads import (LAW_ROWS, REAL, REAL_LIVE, REAL_VOCAB, V4_HEAD, concentrate, generate, live, real_head_ids,
                          restrict_head)
-from test_sd import PROMPTS, _perturbed, assert_joint_matches_target, two_stop_ids
+from law_stats import assert_joint_matches_target
+from pairs import PROMPTS, perturbed, two_stop_ids
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
 
 
-@pytest.fixture(scope="module")
-def pair():
-  cfg = tiny_config(vocab_size=64)
-  return cfg, model.init_params(jax.random.key(7), cfg, scale=0.3)
-
-
-def test_split_greedy_equals_ar(pair):
+def test_split_greedy_equals_ar(tiny_pair, cut_head_draft):
   """Token for token equal to AR, batch of ragged prompts, with a reduced-vocabulary draft: cache hits travel over
   its head vocabulary, rounds with the n-gram backup over the full vocabulary (an n-gram token may lie outside it).
   (The neural backup's compaction is covered by the temperature-1 test below.)"""
-  cfg, tp = pair
+  cfg, tp = tiny_pair
   backup = "ngram"
-  dcfg = tiny_config(vocab_size=64, head_vocab=40)
-  dp = dict(model.init_params(jax.random.key(3), dcfg), layers=_perturbed(tp, 0.06, 1)["layers"],
-            embed=tp["embed"][:40])
+  dcfg, dp = cut_head_draft
   opts = DecodeOptions(max_new_tokens=21, ignore_eos=True)
   want = [r.token_ids for r in ARDecoder(cfg, tp).generate(PROMPTS, opts)]
   dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=3, fan_out=(3, 2, 2, 3), backup=backup, placement="processes"))
@@ -76,9 +69,9 @@ def test_split_temperature_one_matches_target_joint_distribution():
   tp = model.init_params(jax.random.key(11), cfg, scale=0.5)
   if REAL:  # draft_heads: 49152 ids, a shuffled 16384-row head, the mass on LIVE (untied: concentrate's LM head)
     tp = concentrate(tp, REAL_LIVE)
-    dcfg, dp = restrict_head(cfg, concentrate(_perturbed(tp, 0.5, 5), REAL_LIVE), real_head_ids())
+    dcfg, dp = restrict_head(cfg, concentrate(perturbed(tp, 0.5, 5), REAL_LIVE), real_head_ids())
   else:
-    dcfg, dp = restrict_head(cfg, _perturbed(tp, 0.5, 5), V4_HEAD)
+    dcfg, dp = restrict_head(cfg, perturbed(tp, 0.5, 5), V4_HEAD)
   prompt = live([1, 2, 0])
   dec = SSDDecoder(cfg, tp, dcfg, dp, SpecOptions(k=1, fan_out=1, placement="processes"))
   try:

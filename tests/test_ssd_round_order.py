@@ -12,12 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder, rounds, ssd_loop
 from ssd_jax.decode.draft import DraftModel
 
-from test_sd import PROMPTS, _perturbed
+from pairs import PROMPTS, perturbed
 
 
 def _logged_run(monkeypatch, dec, prompts, opts):
@@ -53,10 +51,10 @@ def _rounds_of(log):
 
 
 @pytest.mark.parametrize("k,f,batch,eps", [(2, 2, 1, 0.06), (1, 3, 4, 0.03)])
-def test_the_draft_drafts_during_the_verify_and_a_hit_waits_on_nothing_but_the_cache(monkeypatch, k, f, batch, eps):
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  dp = _perturbed(tp, eps, 1)  # rounds that every row hits, and rounds that some row misses
+def test_the_draft_drafts_during_the_verify_and_a_hit_waits_on_nothing_but_the_cache(tiny_pair, monkeypatch, k, f,
+                                                                                      batch, eps):
+  cfg, tp = tiny_pair
+  dp = perturbed(tp, eps, 1)  # rounds that every row hits, and rounds that some row misses
   prompts = PROMPTS[:batch]
   opts = DecodeOptions(max_new_tokens=24, ignore_eos=True)
   dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=k, fan_out=f, placement="devices"))
@@ -89,12 +87,11 @@ def test_the_draft_drafts_during_the_verify_and_a_hit_waits_on_nothing_but_the_c
     assert ex["cache_hit_rate"] == pytest.approx(hits / (len(per_round) - 1), abs=1e-3)
 
 
-def test_the_round_parts_add_up_to_the_targets_idle_time():
+def test_the_round_parts_add_up_to_the_targets_idle_time(tiny_pair, perturbed_draft):
   """bench.py prints SSD's round by part: the parts are the target's whole idle time, and on this run of hits and
   misses the waits on a miss's backup are there."""
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
-  dec = SSDDecoder(cfg, tp, cfg, _perturbed(tp, 0.06, 1), SpecOptions(k=2, fan_out=3, placement="devices"))
+  cfg, tp = tiny_pair
+  dec = SSDDecoder(cfg, tp, cfg, perturbed_draft, SpecOptions(k=2, fan_out=3, placement="devices"))
   ex = dec.generate(PROMPTS[:2], DecodeOptions(max_new_tokens=24, ignore_eos=True))[0].stats.extra
   parts = ex["round_parts_seconds"]
   assert set(parts) == set(ssd_loop.ROUND_PARTS)
@@ -105,14 +102,13 @@ def test_the_round_parts_add_up_to_the_targets_idle_time():
 
 
 @pytest.mark.parametrize("where", ["host", "device"])
-def test_the_target_picks_each_rows_own_branch_from_the_cache(where):
+def test_the_target_picks_each_rows_own_branch_from_the_cache(tiny_pair, where):
   """A hit's q comes from each row's own branch of the cache, whether the cache's laws arrived as host arrays (a
   draft process) or stay on the draft's device; at temperature 0 the verify gets zeros (it reads tokens only)."""
   from ssd_jax.decode.base import pad_prompts
   from ssd_jax.decode.speculator import SpecCache, cached_tokens, find
 
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
+  cfg, tp = tiny_pair
   dec = SSDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2, fan_out=2, placement="devices"))
   b, n, k = 3, 6, 2
   tokens, lengths = pad_prompts(PROMPTS[:b])
