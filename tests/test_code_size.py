@@ -1,5 +1,7 @@
 """The size rules of issue 32's bar: no module of the package over 400 lines, no function over 80 lines in the
-package or the scripts (a script's argument parsing, `parse_args`, excepted: one line a flag)."""
+package or the scripts (a script's argument parsing, `parse_args`, excepted: one line a flag). And layers that point
+one way: the library's core imports nothing from its benchmark, and no test module imports another (shared helpers
+live in the plain modules of tests/, shared fixtures in tests/conftest.py)."""
 import ast
 import os
 
@@ -58,3 +60,32 @@ def test_the_library_core_does_not_import_its_benchmark():
                  [("." * node.level) + (node.module or "")] if isinstance(node, ast.ImportFrom) else [])
         bad += [f"{path.relative_to(root)}: {n}" for n in names if "bench" in n.split(".")]
   assert not bad, bad
+
+
+def imports_of_test_modules(path: str) -> list[str]:
+  """Returns 'path:line name' for every import in `path` (nested ones too) of a test module: a `test_*` module that
+  is a file of tests/."""
+  tests = {f[:-3] for f in os.listdir(os.path.join(ROOT, "tests")) if f.startswith("test_") and f.endswith(".py")}
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  found = []
+  for node in ast.walk(tree):
+    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+             [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+    found += [f"{os.path.relpath(path, ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in tests]
+  return found
+
+
+def test_no_test_module_imports_another():
+  """A test module's helpers are imported from a helper module (tests/pairs.py, tests/law_stats.py, ...), never from
+  another test module: importing one runs its module-level code and pulls its fixtures into a second namespace, and
+  a helper's home should not depend on which test happened to write it first."""
+  assert [x for p in _sources("tests") for x in imports_of_test_modules(p)] == []
+
+
+def test_the_check_finds_a_test_module_import(tmp_path):
+  src = tmp_path / "test_x.py"
+  src.write_text("import os\nimport test_sd\nfrom pairs import PROMPTS\n\n\n"
+                 "def f():\n  from test_sd_chain import sd_pair\n")
+  rel = os.path.relpath(str(src), ROOT)
+  assert imports_of_test_modules(str(src)) == [f"{rel}:2 test_sd", f"{rel}:7 test_sd_chain"]
