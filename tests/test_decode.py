@@ -6,14 +6,7 @@ import pytest
 
 from ssd_jax.decode import sampling
 from ssd_jax.models import model
-from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions
-
-
-@pytest.fixture(scope="module")
-def tiny():
-  cfg = tiny_config(vocab_size=64)
-  return cfg, model.init_params(jax.random.key(7), cfg, scale=0.3)
 
 
 def _greedy_reference(params, cfg, prompt, n):
@@ -24,8 +17,8 @@ def _greedy_reference(params, cfg, prompt, n):
   return seq[len(prompt):]
 
 
-def test_greedy_matches_full_forward_argmax(tiny):
-  cfg, params = tiny
+def test_greedy_matches_full_forward_argmax(tiny_pair):
+  cfg, params = tiny_pair
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
   res = ARDecoder(cfg, params).generate(prompts, DecodeOptions(max_new_tokens=8, ignore_eos=True))
   for p, r in zip(prompts, res):
@@ -33,8 +26,8 @@ def test_greedy_matches_full_forward_argmax(tiny):
     assert r.stats.new_tokens == 8 and r.stats.target_forwards == 8
 
 
-def test_eos_stops_row_but_not_others(tiny):
-  cfg, params = tiny
+def test_eos_stops_row_but_not_others(tiny_pair):
+  cfg, params = tiny_pair
   prompts = [[1, 2, 3], [4, 5, 6, 7]]
   ref = [_greedy_reference(params, cfg, p, 6) for p in prompts]
   eos = ref[0][2]  # make the first row's third token the EOS
@@ -56,8 +49,8 @@ def test_eos_ids_normalised_and_checked():
       DecodeOptions(eos_id=bad)
 
 
-def test_sampling_deterministic_under_seed(tiny):
-  cfg, params = tiny
+def test_sampling_deterministic_under_seed(tiny_pair):
+  cfg, params = tiny_pair
   dec = ARDecoder(cfg, params)
   run = lambda seed: [r.token_ids for r in dec.generate(
       [[1, 2], [3, 4, 5]], DecodeOptions(max_new_tokens=16, temperature=1.0, seed=seed, ignore_eos=True))]
@@ -66,8 +59,8 @@ def test_sampling_deterministic_under_seed(tiny):
   assert a != c
 
 
-def test_no_recompilation_across_decode_steps_and_calls(tiny):
-  cfg, params = tiny
+def test_no_recompilation_across_decode_steps_and_calls(tiny_pair):
+  cfg, params = tiny_pair
   dec = ARDecoder(cfg, params)
   opts = DecodeOptions(max_new_tokens=20, temperature=0.8, ignore_eos=True)
   dec.generate([[1, 2, 3], [4, 5]], opts)
@@ -125,8 +118,8 @@ def test_stable_arguments_are_keyed_once_and_a_changed_one_is_looked_up_in_full(
     assert run(f, q, jax.device_put(x, jax.devices()[1]), stable=1).tolist() == [5, 5] and run.compiles == 3
 
 
-def test_bad_options_are_clear_errors(tiny):
-  cfg, params = tiny
+def test_bad_options_are_clear_errors(tiny_pair):
+  cfg, params = tiny_pair
   dec = ARDecoder(cfg, params)
   with pytest.raises(ValueError, match="max_new_tokens"):
     dec.generate([[1]], DecodeOptions(max_new_tokens=0))

@@ -15,12 +15,9 @@ from ssd_jax.kernels import causal_mask_info
 from ssd_jax.models import blocks, draft_weights, eagle, model
 from ssd_jax.models.kv_cache import KVCache
 
+from block_weights import dequantized
+
 EAGLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "eagle-smollm2")
-
-
-def dequantized(params):
-  """The float32 model a quantized draft computes: every block weight replaced by its logical matrix."""
-  return jax.tree.map(lambda x: blocks.dequantize(x) if blocks.is_block(x) else x, params, is_leaf=blocks.is_block)
 
 
 def test_q8_0_rounds_each_weight_to_its_blocks_scale():

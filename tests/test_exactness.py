@@ -10,7 +10,7 @@ from ssd_jax.theory import exactness
 from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder
 
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
+from pairs import PROMPTS, perturbed
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +18,7 @@ def bf16_pair():
   """A bfloat16 target over 259 tokens and a perturbed draft (partial acceptance: rollback runs)."""
   cfg = tiny_config(vocab_size=259)
   tp = checkpoints.cast_params(model.init_params(jax.random.key(7), cfg, scale=0.3), "bfloat16")
-  noise = lambda x, k: (x + 0.05 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)  # noqa: E731
-  leaves, tree = jax.tree.flatten(tp)
-  dp = jax.tree.unflatten(tree, [noise(x, k) if x.dtype == jnp.bfloat16 else x
-                                 for x, k in zip(leaves, jax.random.split(jax.random.key(1), len(leaves)))])
-  return cfg, tp, dp
+  return cfg, tp, perturbed(tp, 0.05, 1)
 
 
 def test_params_and_caches_stay_bfloat16(bf16_pair):

@@ -144,15 +144,14 @@ def test_a_cut_head_is_sized_as_it_is_held(tmp_path, fmt):
 
 @pytest.mark.parametrize("mode,sd_chunk,ar_chunk", [("ar", 1, 4), ("ar", 1, 1), ("sd", 8, 4), ("sd", 1, 4),
                                                   ("sd", 3, 4), ("ssd", 1, 4)])
-def test_the_sizers_lookaheads_are_the_decoders(mode, sd_chunk, ar_chunk, monkeypatch):
+def test_the_sizers_lookaheads_are_the_decoders(tiny_pair, mode, sd_chunk, ar_chunk, monkeypatch):
   """decode.base.run_lookaheads (the slots past the text that decode.py's check and scripts/plan.py size caches
   with, memory_check.run_slots) is what the decoders ask decode.base.cache_slots for, target and draft, read as
   they set a run up: each passes it the run's own K, chunks and fan-out."""
   from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SSDDecoder, rounds, speculator, tree_draft
   from ssd_jax.decode.base import run_lookaheads
 
-  cfg = tiny_config(vocab_size=64)
-  tp = model.init_params(jax.random.key(7), cfg, scale=0.3)
+  cfg, tp = tiny_pair
   k, f = (0 if mode == "ar" else 2), (2, 1, 1)
   asked = {}
 
