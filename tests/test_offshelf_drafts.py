@@ -177,15 +177,9 @@ def test_a_cut_head_keeps_the_special_tokens_wherever_they_lie(tmp_path):
   """The chat specials at the top of the vocabulary (ids 256-258, where many tokenizers number their added
   tokens): a head of 100 rows keeps them (the EOS <|im_end|> among them) first, then the lowest other ids; plain id
   order would cut them off. Greedy SD with that head is AR's."""
-  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
   from ssd_jax.models.tokenizer import ENDOFTEXT, IM_END, IM_START
 
-  specials = [ENDOFTEXT, IM_START, IM_END]
-  vocab = {t: i for i, t in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()) + specials)}
-  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+  tok = byte_tokenizer([ENDOFTEXT, IM_START, IM_END], specials_last=True)
   cfg = tiny_config(vocab_size=259)
   tp = jax.device_get(model.init_params(jax.random.key(3), cfg, scale=0.3))
   target = _write(tmp_path, "hf", cfg, tp, "target")
