@@ -11,7 +11,7 @@ every mutation's text still occurs exactly once, so this list cannot go stale si
   python scripts/dev/mutation_run.py --param-dtype bfloat16 --only NAME...  # the tests' V=4 pair in bfloat16
   python scripts/dev/mutation_run.py --head real -x  # the law tests' pair at a real draft's sizes, first failure only
 
---param-dtype sets SSD_JAX_TEST_PARAM_DTYPE for the tests: the law tests' tiny pair (tests/test_sd.py v4_pair) is
+--param-dtype sets SSD_JAX_TEST_PARAM_DTYPE for the tests: the law tests' tiny pair (tests/pairs.py v4_pair) is
 cast to it; tests that build their own models keep float32. --head real sets SSD_JAX_TEST_HEAD=real: the law tests'
 pairs (SD/SSD/AR, EAGLE, SSD's fast backups aside, the draft in its own process) get 49152 ids and a shuffled
 16384-row head with their mass on four ids spread over the range (tests/draft_heads.py); other tests are unchanged.
