@@ -49,9 +49,9 @@ def test_quantize_params_keeps_embedding_head_and_norms_and_refuses_twice():
     quant.quantize_params(p, "int4")
 
 
-def test_int8_greedy_decoding_agrees_with_bf16_and_sd_equals_ar():
-  cfg = tiny_config(vocab_size=64)
-  tp = checkpoints.cast_params(model.init_params(jax.random.key(7), cfg, scale=0.3), "bfloat16")
+def test_int8_greedy_decoding_agrees_with_bf16_and_sd_equals_ar(tiny_pair):
+  cfg, fp = tiny_pair
+  tp = checkpoints.cast_params(fp, "bfloat16")
   qp = quant.quantize_params(tp, "int8")
   prompts, opts = [[1, 2, 3], [4, 5, 6, 7]], DecodeOptions(max_new_tokens=16, ignore_eos=True)
   full = [r.token_ids for r in ARDecoder(cfg, tp).generate(prompts, opts)]
