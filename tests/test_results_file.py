@@ -34,7 +34,10 @@ def _answers(path):
 
 def _run_until(cmd, n_answers: int, act):
   """Starts cmd, calls act(proc) once n_answers stats lines are on its stderr, and returns (exit code, stderr)."""
-  proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
+  # SIGINT at its default in the child: a suite started in the background (`cmd &` in a script) runs with SIGINT
+  # ignored, which the child would inherit, and Python then installs no Ctrl-C handler.
+  proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   err, seen = [], 0
   for line in proc.stderr:
     err.append(line)
