@@ -2,8 +2,12 @@ import os
 
 import pytest
 
-# Fake CPU devices for the placement/mesh tests; must be set before JAX is imported anywhere.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Fake CPU devices for the placement/mesh tests; must be set before JAX is imported anywhere. LLVM's -O0 for the
+# compiled programs: the same XLA programs (HLO passes, fusions and the kernels' own builds untouched) with a third less
+# compile time, which is most of this suite's time (tests/test_sd.py and test_eagle_decode.py: 358 s of CPU at XLA's
+# default, 240 s at -O0). Scripts the tests start inherit it; a user's runs keep XLA's default. Set XLA_FLAGS to choose
+# otherwise.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 
 
 @pytest.fixture(scope="session")
