@@ -1,8 +1,8 @@
-"""The size rules of issue 32's bar: no module of the package over 400 lines (a module that is one concept named
-with its reason up to 600), no function over 80 lines in the
-package or the scripts (a script's argument parsing, `parse_args`, excepted: one line a flag). And layers that point
-one way: the library's core imports nothing from its benchmark, and no test module imports another (shared helpers
-live in the plain modules of tests/, shared fixtures in tests/conftest.py)."""
+"""The size rules of issue 32's bar: no module of the package over 400 lines (a module that is one concept, named
+with its reason, up to 600), no function over 80 lines in the package or the scripts (a script's argument parsing,
+`parse_args`, excepted: one line a flag). And layers that point one way: the library's core imports nothing from its
+benchmark, and no test module imports another (shared helpers live in the plain modules of tests/, shared fixtures in
+tests/conftest.py)."""
 import ast
 import os
 
