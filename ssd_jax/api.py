@@ -203,6 +203,23 @@ class Pipeline:
     return auto_k.costs_path(ident(self.target), ident(self.draft) if self.draft else "", self.attn_impl,
                              self.weights, str(cache_dtype(self.target.params, self.kv_dtype)))
 
+  def batch_decoder(self, prompt_lens: Sequence[int], mode: str, spec: SpecOptions, opts: DecodeOptions,
+                    asked: bool = True):
+    """Returns the decoder for one batch of prompts of these lengths, checked against the context (ValueError). With
+    k='auto', K is chosen for the batch's rows and context: the default mode (asked False) runs AR (K = 0) where
+    speculation would not pay, a mode asked for by name its best K >= 1 (SlowerThanAR where AR is faster)."""
+    m, s, rows = mode, spec, len(prompt_lens)
+    if mode != "ar" and spec.auto:
+      prefix = auto_k.run_prefix(list(prompt_lens), opts.max_new_tokens)
+      chosen = self.choose_k(rows, opts.temperature, prefix, at_least=int(asked))
+      m, s = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
+      note = self.slower_than_ar(mode, chosen, rows, opts.temperature, prefix) if asked else None
+      if note is not None:
+        warnings.warn(note, SlowerThanAR, stacklevel=3)
+    dec = self.decoder(m, s)
+    dec.check(list(prompt_lens), opts.max_new_tokens)
+    return dec
+
   def generate_ids(self, prompts: Sequence[Sequence[int]], mode: str | None = None, batch_size: int = 8,
                    stream: Callable[[list[int]], None] | None = None, k: int | str = "auto", fan_out=3,
                    fan_out_miss=None, fan_out_strategy: str = "uniform", backup: str = "neural",
@@ -217,21 +234,9 @@ class Pipeline:
                              fan_out_strategy=fan_out_strategy, backup=backup, saguaro_c=saguaro_c)
     asked, mode = mode is not None, mode or self.default_mode
     batches = []
-    for i in range(0, len(prompts), batch_size):
+    for i in range(0, len(prompts), batch_size):  # a loop, not a comprehension: the warning's stacklevel
       chunk = prompts[i:i + batch_size]
-      m, s = mode, spec
-      if mode != "ar" and spec.auto:
-        # K for this batch's rows and context. The default mode runs AR (K = 0) where speculation would not pay; a
-        # mode asked for by name runs, with its best K >= 1, and says so when AR is expected faster.
-        prefix = auto_k.run_prefix([len(p) for p in chunk], opts.max_new_tokens)
-        chosen = self.choose_k(len(chunk), opts.temperature, prefix, at_least=int(asked))
-        m, s = ("ar", spec) if chosen == 0 else (mode, spec.with_k(chosen))
-        note = self.slower_than_ar(mode, chosen, len(chunk), opts.temperature, prefix) if asked else None
-        if note is not None:
-          warnings.warn(note, SlowerThanAR, stacklevel=2)
-      dec = self.decoder(m, s)
-      dec.check([len(p) for p in chunk], opts.max_new_tokens)
-      batches.append((dec, chunk))
+      batches.append((self.batch_decoder([len(p) for p in chunk], mode, spec, opts, asked), chunk))
     results = []
     for i, (dec, chunk) in enumerate(batches):
       cb = (lambda row, ids: stream(ids)) if (stream is not None and i == 0) else None

@@ -7,8 +7,8 @@ The options import no JAX (scripts check them before choosing the CPU's devices)
 """
 from .options import DecodeOptions, SpecOptions
 
-__all__ = ["ARDecoder", "DecodeOptions", "DecodeResult", "SDDecoder", "SSDDecoder", "SpecOptions"]
-_LAZY = {"ARDecoder": "ar", "DecodeResult": "base", "SDDecoder": "sd", "SSDDecoder": "ssd"}
+__all__ = ["ARDecoder", "DecodeOptions", "DecodeResult", "EveryRow", "SDDecoder", "SSDDecoder", "SpecOptions"]
+_LAZY = {"ARDecoder": "ar", "DecodeResult": "base", "EveryRow": "base", "SDDecoder": "sd", "SSDDecoder": "ssd"}
 
 
 def __getattr__(name):

@@ -66,6 +66,22 @@ def run_lookaheads(k: int, fan_out=None, sd_chunk: int = 1, ar_chunk: int = 4) -
 StreamFn = Callable[[int, list[int]], None]  # (row, new token ids) for the first request of a batch
 
 
+class EveryRow:
+  """A stream callback that hears every row of a batch: (row, new token ids) as each row commits them, where a plain
+  StreamFn hears the first row only (a server streams each of its requests from one batch)."""
+
+  def __init__(self, fn: StreamFn):
+    self.fn = fn
+
+  def __call__(self, row: int, ids: list[int]) -> None:
+    self.fn(row, ids)
+
+
+def hears(stream, row: int) -> bool:
+  """Returns whether `stream` (None, a StreamFn or an EveryRow) is told row `row`'s tokens."""
+  return stream is not None and (row == 0 or isinstance(stream, EveryRow))
+
+
 def _placement_key(x):
   """Returns a canonical description of where an array lives (equivalent shardings give equal keys)."""
   sh = getattr(x, "sharding", None)
@@ -213,8 +229,8 @@ class SpecBook:
       if stopped or len(self.out[i]) >= self.opts.max_new_tokens:
         self.done[i] = True
         self.finish[i] = now
-      if i == 0 and stream is not None:
-        stream(0, new)
+      if hears(stream, i):
+        stream(int(i), new)
 
   def results(self, mode: str, t_prefill: float, t_start: float, extra_of) -> list[DecodeResult]:
     """Returns one DecodeResult per row; extra_of(i) adds mode-specific statistics."""

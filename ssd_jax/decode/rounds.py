@@ -23,7 +23,7 @@ import numpy as np
 
 from ..kernels.platform import device_platform
 from . import sd_chunk, ssd_loop
-from .base import SpecBook, StreamFn, cache_slots, pad_prompts, run_lookaheads
+from .base import SpecBook, StreamFn, cache_slots, hears, pad_prompts, run_lookaheads
 from .options import DecodeOptions
 from .speculator import DraftJob, DraftLost, DraftLostWarning, Outcome
 from .steps import (VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, pick_branch, prefill, serve_q, stream_key,
@@ -194,8 +194,9 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
     draft(link.receive)
     t_prefill = time.perf_counter() - t0
     book = SpecBook(prompts, first, opts, dec.k, time.perf_counter())
-    if stream is not None:
-      stream(0, book.out[0][:])
+    for i in range(len(book.out)):  # the prefill's token
+      if hears(stream, i):
+        stream(i, book.out[i][:])
     if lost:
       timing = dict(ssd_loop.no_rounds(target), lost=(lost[0], target.first, 0))
     elif chunks is not None:
