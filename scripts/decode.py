@@ -19,7 +19,8 @@ import sys
 import warnings
 
 from ssd_jax import distributed, settings
-from ssd_jax.cli_util import braces, check_output_file, fail, k_arg, run_main, split_cpu, warn
+from ssd_jax.cli_util import (add_model_arguments, braces, check_model_args, check_output_file, fail, k_arg,
+                              prepare_model, run_main, split_cpu, warn)
 from ssd_jax.results_file import ResultsFile, settings_of
 from ssd_jax.decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, SpecOptions  # no JAX
 
@@ -50,20 +51,8 @@ def make_parser() -> argparse.ArgumentParser:
                       "(scripts/calibrate_fan_out.py)")
   p.add_argument("--backup", default="neural", metavar=braces(BACKUPS),
                  help="ssd: speculator on a cache miss (auto: Theorem 17 from measured statistics)")
-  p.add_argument("--draft-timeout", type=float, default=60.0,
-                 help="ssd: seconds to wait for a draft process's reply; past it (or when the process exits) the "
-                      "run goes on without it, the target alone (one line says so)")
   p.add_argument("--saguaro-c", type=float, default=1.0,
                  help="ssd: Saguaro sampling, the draft's top tokens down-weighted by C in (0, 1] (1 = off)")
-  p.add_argument("--target", default="smollm2-135m-instruct",
-                 help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
-  p.add_argument("--draft", default="default",
-                 help="draft: 'default' (the shipped draft), 'none', our checkpoint, or a GGUF file or Hugging Face "
-                      "directory of a supported family that shares the target's tokenizer")
-  p.add_argument("--draft-head-vocab", type=int, default=None,
-                 help="cut a full-vocabulary draft's head to N tokens at load: the special and end-of-sequence ones, "
-                      "then the others in the tokenizer's order (lower ids first: BPE numbers tokens in merge order, "
-                      "the most frequent first); exactness unchanged")
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--top-p", type=float, default=1.0)
@@ -85,26 +74,7 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument("--resume", action="store_true",
                  help="with --json-out: keep the answers already in the file (written with the same settings) and "
                       "answer only the prompts it lacks")
-  p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
-                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
-                      "kernel) or pallas (kernels; interpret mode on CPU: slow)")
-  p.add_argument("--ssd-placement", default="auto", metavar=braces(settings.SSD_PLACEMENTS),
-                 help="ssd: the draft on its own JAX device of this process, or in its own process pinned to its "
-                      "own CPU cores (the target pinned to the others); auto (default): processes on a CPU with "
-                      "2+ usable cores and a one-device target, else devices")
-  p.add_argument("--dtype", default="auto", metavar=braces(settings.DTYPES),
-                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--kv-dtype", default="auto", metavar=braces(settings.KV_DTYPES),
-                 help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
-  p.add_argument("--quantize", default="auto", metavar=braces(settings.WEIGHTS),
-                 help="auto: gguf for a GGUF target (the default one included) on one CPU device, else full; int8: "
-                      "the target's matrices weight-only int8 per output channel; gguf: a GGUF target's own "
-                      "Q8_0/Q4_1 blocks, read from the file")
-  p.add_argument("--draft-weights", default="auto", metavar=braces(settings.DRAFT_WEIGHTS),
-                 help="the draft's: auto (q8_0 on a CPU, else full), full (as loaded), q8_0 (its matrices and "
-                      "head in Q8_0 blocks quantized at load: faster on a CPU, acceptance measured)")
-  p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
-  p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
+  add_model_arguments(p)
   distributed.add_arguments(p)
   return p
 
@@ -120,8 +90,7 @@ def check_args(args) -> tuple[SpecOptions, DecodeOptions]:
   if args.mode is not None:
     settings.check_mode(args.mode)
   settings.check_batch_size(args.batch_size)
-  settings.LoadSettings(args.attention, args.ssd_placement, args.kv_dtype, args.quantize, args.dtype,
-                        args.target_devices, args.draft_devices, args.draft_weights)
+  check_model_args(args)
   opts = DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                        seed=args.seed, ignore_eos=args.ignore_eos, ar_chunk=args.ar_chunk,
                        sd_chunk=args.sd_chunk)
@@ -230,9 +199,7 @@ def main(argv=None):
     api.draft_dir(args.draft)  # unread under ar (a warning below), but a draft that is not there is still a mistake
   if args.fan_out_strategy == "geometric" and args.mode != "ar" and args.draft == "none":
     check_calibration(args, None)  # before prepare, which may fetch the target's weights
-  plan = api.prepare(args.target, None if no_draft else args.draft, args.attention, args.target_devices,
-                     args.draft_devices, args.ssd_placement, args.dtype, args.quantize,
-                     None if args.mode == "ar" else args.draft_head_vocab, args.kv_dtype, args.draft_weights)
+  plan = prepare_model(args, None if no_draft else args.draft, None if args.mode == "ar" else args.draft_head_vocab)
   default_mode, where = plan.mode_and_placement()
   spec = dataclasses.replace(spec, placement=where)
   mode = args.mode or default_mode

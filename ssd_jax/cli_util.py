@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
+from . import settings
+
 
 def split_cpu(n: int) -> None:
   """On a machine with only a CPU, splits it into n JAX devices (target mesh + the draft's own device).
@@ -71,6 +73,60 @@ def braces(values) -> str:
   """Returns "{a,b,c}", a flag's metavar in --help for values its options object checks (argparse's choices would
   be a second check, with another message)."""
   return "{" + ",".join(values) + "}"
+
+
+def add_model_arguments(p) -> None:
+  """Adds the flags that say what to load and where (target, draft, weights, attention, placement, devices) to the
+  argparse parser `p`: the same flags, with the same help, for every script that loads a model (decode.py, serve.py).
+  check_model_args checks them, prepare_model resolves them into a load."""
+  p.add_argument("--target", default="smollm2-135m-instruct",
+                 help="target: a name, an ssd-jax checkpoint dir, a GGUF file or a Hugging Face safetensors dir")
+  p.add_argument("--draft", default="default",
+                 help="draft: 'default' (the shipped draft), 'none', our checkpoint, or a GGUF file or Hugging Face "
+                      "directory of a supported family that shares the target's tokenizer")
+  p.add_argument("--draft-head-vocab", type=int, default=None,
+                 help="cut a full-vocabulary draft's head to N tokens at load: the special and end-of-sequence ones, "
+                      "then the others in the tokenizer's order (lower ids first: BPE numbers tokens in merge order, "
+                      "the most frequent first); exactness unchanged")
+  p.add_argument("--draft-timeout", type=float, default=60.0,
+                 help="ssd: seconds to wait for a draft process's reply; past it (or when the process exits) the "
+                      "run goes on without it, the target alone (one line says so)")
+  p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
+                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref (jnp), cpu (the C++ "
+                      "kernel) or pallas (kernels; interpret mode on CPU: slow)")
+  p.add_argument("--ssd-placement", default="auto", metavar=braces(settings.SSD_PLACEMENTS),
+                 help="ssd: the draft on its own JAX device of this process, or in its own process pinned to its "
+                      "own CPU cores (the target pinned to the others); auto (default): processes on a CPU with "
+                      "2+ usable cores and a one-device target, else devices")
+  p.add_argument("--dtype", default="auto", metavar=braces(settings.DTYPES),
+                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
+  p.add_argument("--kv-dtype", default="auto", metavar=braces(settings.KV_DTYPES),
+                 help="the target's KV cache dtype (auto: the params'; a 16-bit cache halves its bytes)")
+  p.add_argument("--quantize", default="auto", metavar=braces(settings.WEIGHTS),
+                 help="auto: gguf for a GGUF target (the default one included) on one CPU device, else full; int8: "
+                      "the target's matrices weight-only int8 per output channel; gguf: a GGUF target's own "
+                      "Q8_0/Q4_1 blocks, read from the file")
+  p.add_argument("--draft-weights", default="auto", metavar=braces(settings.DRAFT_WEIGHTS),
+                 help="the draft's: auto (q8_0 on a CPU, else full), full (as loaded), q8_0 (its matrices and "
+                      "head in Q8_0 blocks quantized at load: faster on a CPU, acceptance measured)")
+  p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
+  p.add_argument("--draft-devices", type=int, default=1, help="1: the draft on its own device (after the target's)")
+
+
+def check_model_args(args) -> None:
+  """Raises ValueError (one line) for a bad value of add_model_arguments' flags, before JAX or a model is loaded."""
+  settings.LoadSettings(args.attention, args.ssd_placement, args.kv_dtype, args.quantize, args.dtype,
+                        args.target_devices, args.draft_devices, args.draft_weights)
+
+
+def prepare_model(args, draft: str | None, draft_head_vocab: int | None = None):
+  """Returns api.prepare's LoadPlan for add_model_arguments' flags with this draft (a path, 'default' or None),
+  checked before any weight is read."""
+  from . import api
+
+  return api.prepare(args.target, draft, args.attention, args.target_devices, args.draft_devices,
+                     args.ssd_placement, args.dtype, args.quantize, draft_head_vocab, args.kv_dtype,
+                     args.draft_weights)
 
 
 def k_arg(text: str):
