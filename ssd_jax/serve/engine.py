@@ -1,0 +1,266 @@
+"""The worker that owns the Pipeline: requests wait in a queue and run in batches, one batch at a time.
+
+Static batching: the engine takes the oldest waiting request and the waiting requests that can share its batch (the
+same `Settings`, fitting the context together), up to `max_batch`, and runs them as one batch to the largest of
+their max_tokens. Each row streams as it commits (decode.EveryRow), and its request's `Reply` cuts it at the
+request's own max_tokens, stop ids and stop strings: a prefix of a sample is a sample of the prefix, and a greedy row's
+tokens do not depend on the batch, so each answer is the one its request would get alone. A request that arrives
+while a batch runs waits for the next one; a finished or cancelled request's row runs on to the batch's end, its
+tokens dropped (joining and leaving a running batch between rounds, continuous batching, is not done yet).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import math
+import secrets
+import threading
+import time
+from typing import Callable
+
+from ..decode import DecodeOptions, EveryRow, SpecOptions
+from ..decode.auto_k import K_MAX
+from ..decode.options import check_context
+from .protocol import APIError, Parsed, invalid, usage
+from .reply import Reply
+
+log = logging.getLogger("ssd_jax.serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What decides a request's tokens besides its prompt; requests with the same `batch_key` share batches."""
+  mode: str             # the request's, or the pipeline's default mode
+  asked: bool           # the request named its mode (with k='auto' it then runs its best K >= 1, never AR)
+  spec: SpecOptions     # K ('auto': chosen per batch) and SSD's fan-out
+  temperature: float
+  top_p: float
+  seed: int | None      # None: a seed drawn for each batch
+
+  def batch_key(self, job_id: int):
+    """Returns what a batch's requests share. Greedy tokens ignore top_p and the seed; a sampled request with a seed
+    runs alone, so that its seed gives it the answer it gets alone (decode.py's): a row's draws depend on the
+    batch it is in."""
+    spec = None if self.mode == "ar" else self.spec
+    if self.temperature == 0:
+      return (self.mode, self.asked, spec, 0.0)
+    return (self.mode, self.asked, spec, self.temperature, self.top_p, None if self.seed is None else ("own", job_id))
+
+  def lookahead(self) -> int:
+    """Returns the most draft tokens K a batch of these settings may run (k='auto': up to auto_k.K_MAX); 0 for AR."""
+    return 0 if self.mode == "ar" else K_MAX if self.spec.auto else self.spec.k
+
+
+class Job:
+  """One request in the engine: its prompt ids and settings, its Reply once it runs, and `deliver`, which the
+  engine's thread calls with each Event (the HTTP layer passes them to its own loop)."""
+
+  _ids = itertools.count(1)
+
+  def __init__(self, ids: list[int], settings: Settings, max_tokens: int, stop: tuple[str, ...],
+               deliver: Callable[["Event"], None]):
+    self.id, self.ids, self.settings, self.max_tokens, self.stop = next(Job._ids), ids, settings, max_tokens, stop
+    self.deliver, self.reply, self.info = deliver, None, None
+    self.cancelled = False
+    self.key = settings.batch_key(self.id)
+
+  def send(self, event: "Event") -> None:
+    """Passes `event` on unless the request was cancelled (its client went away)."""
+    if not self.cancelled:
+      try:
+        self.deliver(event)
+      except RuntimeError:  # the server's loop closed under it (shutting down): nobody is listening
+        self.cancelled = True
+
+  def take(self, ids: list[int]) -> None:
+    """Adds its row's newly committed tokens; sends the new text, and the end when the request ends here."""
+    if self.cancelled or self.reply.finish is not None:
+      return
+    try:
+      text = self.reply.add(ids)
+    except Exception as e:  # called from inside the decoder's loop: a bug here must not stop the batch
+      log.exception("request %d: its reply failed", self.id)
+      self.send(Event(error=APIError(500, f"the reply failed: {type(e).__name__}: {e}", "server_error")))
+      self.cancelled = True
+      return
+    if self.reply.finish is not None:
+      self.send(self.ending(text))
+    elif text:
+      self.send(Event(text))
+
+  def ending(self, text: str) -> "Event":
+    """Returns the request's last event: its last text, why it ended, its usage and the batch's report."""
+    info = dict(self.info, token_ids=list(self.reply.ids))
+    return Event(text, self.reply.finish, usage(len(self.ids), len(self.reply.ids)), info)
+
+
+@dataclasses.dataclass
+class Event:
+  """What a request's client is told: new text; at the end also finish ("stop", "length"), usage and info (the
+  "ssd_jax" report); or an error (APIError) instead."""
+  text: str = ""
+  finish: str | None = None
+  usage: dict | None = None
+  info: dict | None = None
+  error: APIError | None = None
+
+
+class Engine:
+  """Runs requests on `pipe` in a thread of its own, up to `max_batch` a batch, with at most `max_queue` waiting.
+
+  spec_settings: SpecOptions fields every request gets (draft_timeout); default_max_tokens: a request's max_tokens
+  when it gives none (within the context); gather: seconds a batch waits, once the engine is free, for more requests
+  of a burst to arrive."""
+
+  def __init__(self, pipe, max_batch: int = 8, max_queue: int = 64, default_max_tokens: int = 256,
+               spec_settings: dict | None = None, gather: float = 0.01):
+    if max_batch < 1 or max_queue < 1 or default_max_tokens < 1:
+      raise ValueError("max_batch, max_queue and default_max_tokens must be >= 1")
+    self.pipe, self.max_batch, self.max_queue, self.gather = pipe, max_batch, max_queue, gather
+    self.default_max_tokens, self.spec_settings = default_max_tokens, dict(spec_settings or {})
+    self.context = pipe.target.cfg.max_seq_len
+    self._waiting: collections.deque[Job] = collections.deque()
+    self._cond = threading.Condition()
+    self._stopping = False
+    self._batch_seconds = 1.0  # the last batch's time: Retry-After on a full queue
+    self._thread = threading.Thread(target=self._loop, name="ssd-jax-engine", daemon=True)
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def stop(self, timeout: float = 30.0) -> None:
+    """Refuses new requests and the waiting ones (503), and waits up to `timeout` s for the running batch."""
+    with self._cond:
+      self._stopping = True
+      left, self._waiting = list(self._waiting), collections.deque()
+      self._cond.notify_all()
+    for job in left:
+      job.send(Event(error=APIError(503, "the server is shutting down", "server_error", code="shutting_down")))
+    if self._thread.is_alive():
+      self._thread.join(timeout)
+      if self._thread.is_alive():
+        log.warning("shutting down with a batch still running (past %.0f s)", timeout)
+
+  def settings(self, p: Parsed) -> Settings:
+    """Returns a request's Settings, its mode and speculation settings checked against what is loaded."""
+    mode = p.mode or self.pipe.default_mode
+    if mode != "ar" and self.pipe.draft is None:
+      raise invalid(f"mode {mode!r} needs a draft, and this server loaded none (serve.py --draft)", "mode")
+    try:
+      spec = self.pipe.spec_options(None, k=p.k, fan_out=p.fan_out, **self.spec_settings)
+    except ValueError as e:
+      raise invalid(str(e), "fan_out" if "fan-out" in str(e) else "k") from None
+    return Settings(mode, p.mode is not None, spec, p.temperature, p.top_p, p.seed)
+
+  def job(self, p: Parsed, ids: list[int], deliver: Callable[[Event], None]) -> Job:
+    """Returns a Job for a parsed request with these prompt ids, its max_tokens checked against the context (a
+    speculative batch needs K+1 slots past the text: up to K_MAX+1 with k='auto')."""
+    if max(ids) >= self.pipe.target.cfg.vocab_size or min(ids) < 0:
+      raise invalid(f"prompt has token ids outside the vocabulary [0, {self.pipe.target.cfg.vocab_size})", "prompt")
+    settings = self.settings(p)
+    ahead = settings.lookahead() + 1 if settings.lookahead() else 0
+    room = self.context - len(ids) - ahead
+    where = "prompt" if p.kind == "completion" else "messages"
+    if room < 1:
+      raise invalid(f"the prompt has {len(ids)} tokens; this model's context is {self.context} tokens"
+                    + (f" ({ahead} kept for speculation)" if ahead else ""), where, "context_length_exceeded")
+    max_tokens = min(self.default_max_tokens, room) if p.max_tokens is None else p.max_tokens
+    if max_tokens > room:
+      raise invalid(f"max_tokens {max_tokens} with the prompt's {len(ids)} tokens exceeds this model's context of "
+                    f"{self.context} tokens" + (f" ({ahead} kept for speculation)" if ahead else "")
+                    + f"; at most {room}", "max_tokens", "context_length_exceeded")
+    return Job(ids, settings, max_tokens, p.stop, deliver)
+
+  def submit(self, job: Job) -> None:
+    """Queues `job`; raises APIError 429 (with Retry-After) when max_queue requests wait, 503 when stopping."""
+    with self._cond:
+      if self._stopping:
+        raise APIError(503, "the server is shutting down", "server_error", code="shutting_down")
+      if len(self._waiting) >= self.max_queue:
+        retry = str(max(1, math.ceil(self._batch_seconds)))
+        raise APIError(429, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
+                       "rate_limit_error", code="queue_full", headers={"Retry-After": retry})
+      self._waiting.append(job)
+      self._cond.notify_all()
+
+  def cancel(self, job: Job) -> None:
+    """Drops a request whose client went away: out of the queue if it waits, its output if it runs (its row runs on
+    to the batch's end)."""
+    with self._cond:
+      job.cancelled = True
+      if job in self._waiting:
+        self._waiting.remove(job)
+
+  @property
+  def waiting(self) -> int:
+    return len(self._waiting)
+
+  def _fits(self, jobs: list[Job]) -> bool:
+    """Returns whether these requests fit the context as one batch (every prompt with the largest max_tokens)."""
+    try:
+      check_context(self.context, [len(j.ids) for j in jobs], max(j.max_tokens for j in jobs),
+                    jobs[0].settings.lookahead())
+    except ValueError:
+      return False
+    return True
+
+  def _next_batch(self) -> list[Job] | None:
+    """Returns the next batch (the oldest waiting request and those that can join it), waiting for one; None when
+    stopping."""
+    with self._cond:
+      while not self._waiting and not self._stopping:
+        self._cond.wait()
+      deadline = time.monotonic() + self.gather  # a burst's other requests arrive within this
+      while len(self._waiting) < self.max_batch and not self._stopping and time.monotonic() < deadline:
+        self._cond.wait(deadline - time.monotonic())
+      if self._stopping:
+        return None
+      batch = [self._waiting.popleft()]
+      for job in list(self._waiting):
+        if len(batch) < self.max_batch and job.key == batch[0].key and self._fits(batch + [job]):
+          batch.append(job)
+          self._waiting.remove(job)
+      return batch
+
+  def _loop(self) -> None:
+    while True:
+      batch = self._next_batch()
+      if batch is None:
+        return
+      t = time.perf_counter()
+      try:
+        self._run(batch)
+      except Exception as e:  # a failed batch fails its requests, not the server
+        log.exception("a batch of %d failed", len(batch))
+        err = APIError(500, f"the batch failed: {type(e).__name__}: {e}", "server_error")
+        for job in batch:
+          if job.reply is None or job.reply.finish is None:
+            job.send(Event(error=err))
+      self._batch_seconds = time.perf_counter() - t
+
+  def _run(self, batch: list[Job]) -> None:
+    """Runs one batch and ends each of its requests."""
+    s, tok = batch[0].settings, self.pipe.tokenizer
+    opts = DecodeOptions(max_new_tokens=max(j.max_tokens for j in batch), temperature=s.temperature, top_p=s.top_p,
+                         seed=secrets.randbits(63) if s.seed is None else s.seed, eos_id=tok.eos_ids)
+    dec = self.pipe.batch_decoder([len(j.ids) for j in batch], s.mode, s.spec, opts, s.asked)
+    info = {"mode": dec.mode, "k": dec.k, "fan_out": _plain(dec.spec.fan_out) if dec.mode == "ssd" else None,
+            "batch_rows": len(batch),
+            "requested": {"mode": s.mode if s.asked else None, "k": s.spec.k, "fan_out": _plain(s.spec.fan_out)}}
+    for job in batch:
+      job.reply, job.info = Reply(tok, job.max_tokens, job.stop, opts.stop_ids), info
+    results = dec.generate([j.ids for j in batch], opts, stream=EveryRow(lambda row, ids: batch[row].take(ids)))
+    lost = results[0].stats.extra.get("draft_lost")
+    if lost:
+      log.warning("the draft side was lost in a batch of %d (%s): the target finished it alone (AR); the next "
+                  "batch starts it again", len(batch), lost)
+    for job in batch:
+      if job.reply.finish is None:
+        job.send(job.ending(job.reply.end()))
+
+
+def _plain(fan_out):
+  """Returns a fan-out as JSON writes it: an int, or a list of K+1 counts."""
+  return list(fan_out) if isinstance(fan_out, tuple) else fan_out
