@@ -1,0 +1,258 @@
+"""The OpenAI-compatible server (ssd_jax/serve/, scripts/serve.py) through the real `openai` client and raw HTTP.
+
+A server runs in a thread of this process on a free localhost port: over the real SmolLM2 target (the suite's
+`smollm2` pipeline, AR: it has no draft) for the answers, whose greedy tokens must equal Pipeline.generate's for
+the same prompt alone, and over the tiny random pair for the queue, where a test holds the engine's batch to fill it.
+"""
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from ssd_jax.models.tokenizer import TextTokenizer, byte_level_tokenizer
+from ssd_jax.serve.app import create_app, make_server, model_id
+from ssd_jax.serve.engine import Engine
+from ssd_jax.serve.reply import Reply
+
+PROMPTS = ["What is the capital of France?", "Name a colour.", "Say hello in Spanish.", "What is 2 + 2?",
+           "Name a planet.", "Write one word about the sea.", "What do bees make?", "Count to three."]
+
+
+@contextlib.contextmanager
+def serving(engine: Engine):
+  """Yields the base URL of a server over `engine` on a free localhost port; stops it (and the engine) after."""
+  sock = socket.socket()
+  sock.bind(("127.0.0.1", 0))
+  server = make_server(create_app(engine), port=sock.getsockname()[1], log_level="warning", log_config=None)
+  thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while not server.started and thread.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.02)
+  assert server.started, "the server did not start"
+  try:
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+  finally:
+    server.should_exit = True
+    thread.join(30)
+    assert not thread.is_alive(), "the server did not stop"
+
+
+def post(url: str, body) -> tuple[int, dict, dict]:
+  """Returns (status, JSON body, headers) of a POST of `body` (bytes as they are, anything else as JSON)."""
+  data = body if isinstance(body, bytes) else json.dumps(body).encode()
+  req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+      return r.status, json.loads(r.read()), dict(r.headers)
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read()), dict(e.headers)
+
+
+@pytest.fixture(scope="module")
+def real(smollm2):
+  """(pipeline, OpenAI client, base URL) of a server over the real SmolLM2 target."""
+  with serving(Engine(smollm2, max_batch=8, default_max_tokens=16)) as url:
+    yield smollm2, openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300), url
+
+
+def _alone(pipe, prompts, n: int, chat: bool = True):
+  """Returns Pipeline.generate's greedy answers, each prompt in a batch of its own."""
+  return pipe.generate(prompts, max_new_tokens=n, temperature=0.0, batch_size=1, chat=chat)
+
+
+@pytest.mark.slow
+def test_models_and_greedy_completions_equal_the_pipelines(real):
+  """/v1/models names the target; a greedy completion (the prompt raw, as OpenAI's completions take it), streamed
+  and not, has Pipeline.generate's tokens for the prompt alone, its usage counts and finish_reason."""
+  pipe, client, _ = real
+  name = model_id(pipe)
+  assert [m.id for m in client.models.list().data] == [name]
+  prompt = "The capital of France is"
+  want = _alone(pipe, [prompt], 12, chat=False)[0]
+  r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0)
+  assert r.model_extra["ssd_jax"]["token_ids"] == want.token_ids and r.choices[0].text == want.text
+  assert r.usage.prompt_tokens == len(pipe.encode_prompt(prompt, chat=False))
+  assert r.usage.completion_tokens == len(want.token_ids)
+  assert r.choices[0].finish_reason == ("stop" if want.token_ids[-1] in pipe.tokenizer.eos_ids else "length")
+  assert r.model_extra["ssd_jax"]["mode"] == "ar" and r.model_extra["ssd_jax"]["requested"]["k"] == "auto"
+  chunks = list(client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+  assert "".join(c.choices[0].text for c in chunks) == want.text
+  assert [c.choices[0].finish_reason for c in chunks][-1] == r.choices[0].finish_reason
+  assert chunks[-1].model_extra["ssd_jax"]["token_ids"] == want.token_ids
+
+
+@pytest.mark.slow
+def test_chat_streamed_and_not_is_the_models_own_template(real):
+  """A chat is the model's chat template around the messages: the same tokens as Pipeline.generate(prompt); the
+  stream opens with the assistant's role, and stream_options.include_usage adds the usage chunk."""
+  pipe, client, _ = real
+  want = _alone(pipe, [PROMPTS[0]], 10)[0]
+  messages = [{"role": "user", "content": PROMPTS[0]}]
+  r = client.chat.completions.create(model=model_id(pipe), messages=messages, max_tokens=10, temperature=0)
+  assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
+  assert r.model_extra["ssd_jax"]["token_ids"] == want.token_ids
+  assert r.usage.completion_tokens == len(want.token_ids)
+  chunks = list(client.chat.completions.create(model=model_id(pipe), messages=messages, max_tokens=10,
+                                               temperature=0, stream=True, stream_options={"include_usage": True}))
+  assert chunks[0].choices[0].delta.role == "assistant"
+  assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+  assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
+
+
+@pytest.mark.slow
+def test_eight_concurrent_streams_share_batches_and_keep_their_solo_answers(real):
+  """8 streaming chat clients at once, with max_tokens 6 and 10 alternating: every one completes with its answer
+  alone (a row cut at its own max_tokens), and the server ran some of them in one batch."""
+  pipe, client, _ = real
+  sizes = [6 if i % 2 else 10 for i in range(len(PROMPTS))]
+  want = {p: g.text for n in (6, 10) for p, g in zip([p for p, s in zip(PROMPTS, sizes) if s == n],
+                                                     _alone(pipe, [p for p, s in zip(PROMPTS, sizes) if s == n], n))}
+  got, rows, errors = {}, [], []
+
+  def ask(prompt, n):
+    try:
+      chunks = list(client.chat.completions.create(model=model_id(pipe), max_tokens=n, temperature=0, stream=True,
+                                                   messages=[{"role": "user", "content": prompt}]))
+      got[prompt] = "".join(c.choices[0].delta.content or "" for c in chunks)
+      rows.append(chunks[-1].model_extra["ssd_jax"]["batch_rows"])
+    except Exception as e:  # noqa: BLE001 -- reported below
+      errors.append(repr(e))
+
+  threads = [threading.Thread(target=ask, args=(p, n)) for p, n in zip(PROMPTS, sizes)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(300)
+  assert errors == [] and got == want
+  assert max(rows) > 1, rows
+
+
+@pytest.mark.slow
+def test_stop_strings_cut_the_answer_where_they_begin(real):
+  """A stop string taken from the middle of the greedy answer: the answer up to it, finish_reason 'stop', fewer
+  tokens; streamed, the same text (the start of a stop string is held back, never sent)."""
+  pipe, client, _ = real
+  full = _alone(pipe, [PROMPTS[0]], 16)[0]
+  stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
+  want = full.text[:full.text.index(stop)]
+  args = dict(model=model_id(pipe), messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=16, temperature=0,
+              stop=[stop, "never said"])
+  r = client.chat.completions.create(**args)
+  assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+  assert r.usage.completion_tokens < len(full.token_ids)
+  streamed = list(client.chat.completions.create(**args, stream=True))
+  assert "".join(c.choices[0].delta.content or "" for c in streamed) == want
+  assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+BAD = [  # (body changes, status, param): each refused before the model runs
+    ({"max_tokens": "ten"}, 400, "max_tokens"), ({"temperature": -1}, 400, "temperature"),
+    ({"temperature": "hot"}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"),
+    ({"n": 2}, 400, "n"), ({"stream": "yes"}, 400, "stream"), ({"stop": [""]}, 400, "stop"),
+    ({"frobnicate": 1}, 400, "frobnicate"), ({"mode": "sd"}, 400, "mode"), ({"mode": "fast"}, 400, "mode"),
+    ({"k": "x"}, 400, "k"), ({"model": "gpt-4"}, 404, "model"), ({"prompt": [1] * 8192}, 400, "prompt"),
+    ({"max_tokens": 9000}, 400, "max_tokens"), ({"prompt": ""}, 400, "prompt"),
+    ({"logit_bias": {"1": 5}}, 400, "logit_bias"),
+]
+
+
+@pytest.mark.slow
+def test_bad_input_gets_its_status_and_an_openai_error_and_no_traceback(real, caplog):
+  """Malformed JSON, a body that is no object, bad types and values, an unknown model, a prompt or max_tokens past
+  the context, n > 1: each its status and OpenAI's error object naming the field; the log holds no traceback; the
+  real client raises its own error types; the server then still answers."""
+  pipe, client, url = real
+  good = {"model": model_id(pipe), "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+  cases = [(b'{"model": ', 400, None), (b"[1, 2]", 400, None)] + [({**good, **change}, s, p) for change, s, p in BAD]
+  for body, status, param in cases:
+    got, err, _ = post(url + "/v1/completions", body)
+    assert got == status, (body, got, err)
+    assert set(err["error"]) == {"message", "type", "param", "code"} and err["error"]["message"], err
+    assert err["error"]["param"] == param, (body, err)
+  got, err, _ = post(url + "/v1/chat/completions", {"model": model_id(pipe), "messages": [{"role": "tool"}]})
+  assert got == 400 and err["error"]["param"] == "messages[0].role"
+  got, err, _ = post(url + "/v1/nothing", good)
+  assert got == 404 and "error" in err
+  with pytest.raises(openai.BadRequestError, match="only n=1"):
+    client.completions.create(model=model_id(pipe), prompt="Hi", n=3)
+  with pytest.raises(openai.NotFoundError):
+    client.completions.create(model="gpt-4", prompt="Hi")
+  assert "Traceback" not in caplog.text and not [r for r in caplog.records if r.exc_info]
+  assert post(url + "/v1/completions", good)[0] == 200
+
+
+def test_a_full_queue_gets_429_with_retry_after_and_a_gone_client_leaves_it():
+  """The tiny pair, one request a batch and two waiting at most: while the engine's batch is held, a third waiting
+  request gets 429 with Retry-After and OpenAI's error; a streaming client that goes away while waiting leaves the
+  queue; released, the held and the waiting requests are answered."""
+  from ssd_jax import api
+
+  pipe = api.load_tiny()
+  entered, release = threading.Event(), threading.Event()
+  choose = pipe.batch_decoder
+
+  def held(*args, **kwargs):  # the engine's batch waits here until the test releases it
+    entered.set()
+    assert release.wait(60)
+    return choose(*args, **kwargs)
+
+  pipe.batch_decoder = held
+  engine = Engine(pipe, max_batch=1, max_queue=2)
+  body = {"model": model_id(pipe), "prompt": "ab", "max_tokens": 2, "temperature": 0, "mode": "ar"}
+  with serving(engine) as url:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    answers = []
+    first = threading.Thread(target=lambda: answers.append(post(url + "/v1/completions", body)))
+    first.start()
+    assert entered.wait(30)
+    gone = client.completions.create(model=body["model"], prompt="ab", max_tokens=2, temperature=0, stream=True,
+                                     extra_body={"mode": "ar"})  # it waits in the queue; its headers come at once
+    second = threading.Thread(target=lambda: answers.append(post(url + "/v1/completions", body)))
+    second.start()
+    _until(lambda: engine.waiting == 2)
+    status, err, headers = post(url + "/v1/completions", body)
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert err["error"]["code"] == "queue_full" and err["error"]["type"] == "rate_limit_error"
+    gone.close()
+    _until(lambda: engine.waiting == 1)
+    release.set()
+    first.join(120)
+    second.join(120)
+    assert [a[0] for a in answers] == [200, 200]
+    assert answers[0][1]["choices"] == answers[1][1]["choices"]
+    assert 1 <= answers[0][1]["usage"]["completion_tokens"] <= 2
+
+
+def _until(condition, timeout: float = 30.0) -> None:
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.02)
+
+
+def test_a_reply_keeps_its_own_end_and_holds_back_what_may_change():
+  """Reply on the byte-level tokenizer (a token a byte): a stop string split over tokens is held back until it is
+  known, then cut with the tokens after it dropped; max_tokens and a stop id end it; a character whose UTF-8 bytes
+  span tokens is sent whole."""
+  tok = TextTokenizer(byte_level_tokenizer())
+  ids = tok.encode("Hello world. Bye")
+  r = Reply(tok, 100, stop=["d. B"])
+  assert r.add(ids[:10]) == "Hello worl" and r.add(ids[10:13]) == "" and r.finish is None  # "d. " may begin it
+  assert r.add(ids[13:]) == "" and r.finish == "stop" and r.text == "Hello worl"
+  assert r.ids == ids[:14] and r.add(ids) == ""  # kept up to the token that completed "d. B"; then nothing more
+  r = Reply(tok, 100, stop=["d. X"])
+  assert r.add(ids[:13]) == "Hello worl" and r.add(ids[13:]) == "d. Bye" and r.finish is None
+  r = Reply(tok, 5)
+  assert r.add(ids) == "Hello" and r.finish == "length" and len(r.ids) == 5
+  r = Reply(tok, 100, stop_ids=tok.eos_ids)
+  assert r.add(ids[:3] + [tok.eos_id] + ids[3:]) == "Hel" and r.finish == "stop" and len(r.ids) == 4
+  e = tok.encode("\u00e9!")  # two bytes, two tokens
+  r = Reply(tok, 100)
+  assert len(e) == 3 and r.add(e[:1]) == "" and r.add(e[1:]) == "\u00e9!"
