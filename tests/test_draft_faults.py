@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, ssd_loop
+from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder, rounds, ssd_loop
 from ssd_jax.decode.speculator import ChainDraft, DraftLostWarning
 from ssd_jax.decode.tree_draft import TreeDraft
 
@@ -121,3 +121,29 @@ def test_draft_timeout_is_checked():
   for bad in (0, -1, float("inf"), "10", True):
     with pytest.raises(ValueError, match="draft timeout"):
       SpecOptions(draft_timeout=bad)
+
+
+@TWO_CORES
+def test_a_draft_process_lost_after_the_last_round_costs_only_its_statistics(pair, monkeypatch):
+  """The child killed once the rounds are over, as the target asks for the draft side's statistics: no error and no
+  warning (nothing was left to finish), the tokens stand and draft_lost says what happened; the next run starts a
+  fresh child. (A server's batch met this: its client had its answer, and killed the child meanwhile.)"""
+  cfg, tp, dp, want = pair
+  dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2, placement="processes"))
+  stats = rounds._stats
+
+  def killed_first(link):
+    dec.draft._proc.kill()
+    dec.draft._proc.wait()
+    return stats(link)
+
+  try:
+    monkeypatch.setattr(rounds, "_stats", killed_first)
+    res = dec.generate(PROMPTS, OPTS)
+    assert [r.token_ids for r in res] == want
+    assert "exited" in res[0].stats.extra["draft_lost"] and dec.draft._proc is None
+    monkeypatch.setattr(rounds, "_stats", stats)
+    again = dec.generate(PROMPTS, OPTS)
+    assert [r.token_ids for r in again] == want and again[0].stats.extra["draft_lost"] is None
+  finally:
+    dec.close()

@@ -208,20 +208,34 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
       timing = _rounds(target, link, book, first, stream, for_draft)
     stop = timing.pop("lost", None)
     if stop is None:
-      link.send("stats")
-      stats = link.receive()
+      stats = draft(_stats, link)
+      if lost:  # lost after the last round: every row is done, only the draft side's statistics went with it
+        _abort(link)
+        timing["draft_lost"] = str(lost[0]).splitlines()[0]
     else:
       timing = _go_on_alone(target, link, book, stop, stream, timing)
       stats = None
   return RunResult(book, t_prefill, t0 + t_prefill, timing, stats)
 
 
+def _stats(link) -> dict:
+  """Returns the draft side's statistics of the run (its reply to `stats`)."""
+  link.send("stats")
+  return link.receive()
+
+
+def _abort(link) -> None:
+  """Drops a lost draft process (exited, killed or silent: its state is void either way); the next run starts a
+  fresh one."""
+  if getattr(link, "remote", False):
+    link.abort()
+
+
 def _go_on_alone(target, link, book, stop, stream, timing) -> dict:
   """Finishes a run whose draft side was lost (stop: the DraftLost, the target's array of the last committed token,
   the rounds committed); returns `timing` with rounds_alone ([B]: each row's steps without it) and draft_lost."""
   error, last, rnd = stop
-  if getattr(link, "remote", False):
-    link.abort()  # exited, killed or silent: its state is void either way
+  _abort(link)
   what = str(error).splitlines()[0]
   if not book.done.all():
     warnings.warn(f"{what}; the target finishes the run alone (AR) from round {rnd + 1}", DraftLostWarning,
