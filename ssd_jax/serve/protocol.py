@@ -192,8 +192,8 @@ def parse(kind: str, body) -> Parsed:
     raise invalid("model is required: a string (GET /v1/models lists the one served)", "model")
   if kind == "chat":
     prompt, messages = None, _messages(body.get("messages"))
-    max_tokens = _integer(body, "max_completion_tokens", 1)
-    max_tokens = _integer(body, "max_tokens", 1) if max_tokens is None else max_tokens
+    newer, max_tokens = _integer(body, "max_completion_tokens", 1), _integer(body, "max_tokens", 1)
+    max_tokens = max_tokens if newer is None else newer  # OpenAI's newer name wins
   else:
     prompt, messages = _prompt(body.get("prompt")), None
     max_tokens = _integer(body, "max_tokens", 1)
