@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import socket
 import warnings
 
 from ssd_jax.cli_util import add_model_arguments, check_model_args, fail, prepare_model, run_main, split_cpu
@@ -55,9 +56,19 @@ def check_args(args) -> None:
     fail(f"serving needs {' and '.join(missing)}: pip install -e \".[serve]\"")
 
 
+def listen(host: str, port: int) -> socket.socket:
+  """Returns a socket listening on host:port, bound before the model loads so that a port in use fails at once."""
+  try:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family)
+  except OSError as e:
+    fail(f"cannot listen on {host}:{port} ({e.strerror or e})")
+
+
 def main(argv=None):
   args = parse_args(argv)
   check_args(args)
+  sock = listen(args.host, args.port)
   split_cpu(max(2, args.target_devices + args.draft_devices))
   from ssd_jax import api
   from ssd_jax.serve.app import create_app, make_server, model_id
@@ -72,9 +83,11 @@ def main(argv=None):
   warnings.filterwarnings("ignore", category=api.SlowerThanAR)
   engine = Engine(pipe, args.max_batch, args.max_queue, args.default_max_tokens,
                   spec_settings={"draft_timeout": args.draft_timeout})
-  logging.getLogger("ssd_jax.serve").info("serving %s (default mode %s, draft %s)", model_id(pipe),
-                                          pipe.default_mode, pipe.draft.path if pipe.draft else "none")
-  make_server(create_app(engine), args.host, args.port, args.log_level, args.shutdown_timeout).run()
+  host, port = sock.getsockname()[:2]
+  logging.getLogger("ssd_jax.serve").info(
+      "serving %s on http://%s:%d/v1 (default mode %s, draft %s; Ctrl-C or SIGTERM stops it)", model_id(pipe),
+      f"[{host}]" if ":" in host else host, port, pipe.default_mode, pipe.draft.path if pipe.draft else "none")
+  make_server(create_app(engine), args.host, port, args.log_level, args.shutdown_timeout).run(sockets=[sock])
   return 0
 
 
