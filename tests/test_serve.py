@@ -6,14 +6,19 @@ the same prompt alone, and over the tiny random pair for the queue, where a test
 """
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 
 import openai
 import pytest
+from script_modules import script_path
 
 from ssd_jax.models.tokenizer import TextTokenizer, byte_level_tokenizer
 from ssd_jax.serve.app import create_app, make_server, model_id
@@ -44,15 +49,16 @@ def serving(engine: Engine):
     assert not thread.is_alive(), "the server did not stop"
 
 
-def post(url: str, body) -> tuple[int, dict, dict]:
-  """Returns (status, JSON body, headers) of a POST of `body` (bytes as they are, anything else as JSON)."""
+def post(url: str, body):
+  """Returns (status, JSON body, headers: names in any case) of a POST of `body` (bytes as they are, anything else
+  as JSON)."""
   data = body if isinstance(body, bytes) else json.dumps(body).encode()
   req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
   try:
     with urllib.request.urlopen(req, timeout=120) as r:
-      return r.status, json.loads(r.read()), dict(r.headers)
+      return r.status, json.loads(r.read()), r.headers
   except urllib.error.HTTPError as e:
-    return e.code, json.loads(e.read()), dict(e.headers)
+    return e.code, json.loads(e.read()), e.headers
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +212,7 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_gone_client_leaves_it():
   pipe.batch_decoder = held
   engine = Engine(pipe, max_batch=1, max_queue=2)
   body = {"model": model_id(pipe), "prompt": "ab", "max_tokens": 2, "temperature": 0, "mode": "ar"}
-  with serving(engine) as url:
+  with serving(engine) as url, _finally(release.set):
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     answers = []
     first = threading.Thread(target=lambda: answers.append(post(url + "/v1/completions", body)))
@@ -228,6 +234,15 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_gone_client_leaves_it():
     assert [a[0] for a in answers] == [200, 200]
     assert answers[0][1]["choices"] == answers[1][1]["choices"]
     assert 1 <= answers[0][1]["usage"]["completion_tokens"] <= 2
+
+
+@contextlib.contextmanager
+def _finally(act):
+  """Calls act() on leaving, however the block ends (a held engine released before its server stops)."""
+  try:
+    yield
+  finally:
+    act()
 
 
 def _until(condition, timeout: float = 30.0) -> None:
@@ -256,3 +271,67 @@ def test_a_reply_keeps_its_own_end_and_holds_back_what_may_change():
   e = tok.encode("\u00e9!")  # two bytes, two tokens
   r = Reply(tok, 100)
   assert len(e) == 3 and r.add(e[:1]) == "" and r.add(e[1:]) == "\u00e9!"
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--max-batch", "0"], "--max-batch must be >= 1, got 0"),
+    (["--quantize", "int4"], "unknown weights 'int4'"),
+    (["--port", "70000"], "--port must be <= 65535, got 70000"),
+])
+def test_serve_py_refuses_bad_flags_in_one_line_before_loading(args, line):
+  """Bad flags: exit code 2 and one line on stderr, before JAX or a model loads."""
+  r = subprocess.run([sys.executable, script_path("serve.py"), *args], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and line in r.stderr, r.stderr[-2000:]
+
+
+def test_serve_py_refuses_a_port_in_use_before_loading():
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    r = subprocess.run([sys.executable, script_path("serve.py"), "--port", str(taken.getsockname()[1])],
+                       capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2 and "serve.py: error: cannot listen on 127.0.0.1:" in r.stderr, r.stderr[-2000:]
+  assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="SSD's draft process needs a core of its own")
+def test_a_lost_draft_process_is_one_log_line_and_the_server_goes_on(caplog):
+  """The tiny pair, SSD with its draft in its own process: the process killed in the middle of the second request's
+  batch; the target finishes it alone (AR's tokens), the engine logs it in one line, and the third request runs SSD
+  with a fresh process."""
+  from ssd_jax import api
+  from ssd_jax.decode import EveryRow
+
+  pipe = api.load_tiny()
+  engine = Engine(pipe, spec_settings={"placement": "processes"})
+  body = {"model": model_id(pipe), "prompt": "Tell me", "max_tokens": 12, "temperature": 0, "mode": "ssd", "k": 2,
+          "fan_out": 2}
+  want = pipe.generate_ids([pipe.encode_prompt("Tell me", chat=False)], mode="ar", max_new_tokens=12)[0].token_ids
+  assert len(want) == 12  # no end-of-sequence early: the second batch has rounds left when its draft goes
+  dec = pipe.decoder("ssd", pipe.spec_options(None, k=2, fan_out=2, placement="processes"))  # the one the engine gets
+  generate, kill = dec.generate, []
+
+  def killing(prompts, opts, stream):  # the second batch's draft process killed at its third piece
+    pieces = []
+
+    def hook(row, ids):
+      pieces.append(row)
+      if kill and len(pieces) == 3:
+        dec.draft._proc.kill()
+      stream(row, ids)
+    return generate(prompts, opts, stream=EveryRow(hook))
+
+  dec.generate = killing
+  with warnings.catch_warnings(), _finally(dec.close), serving(engine) as url:  # closed once the engine stopped
+    warnings.simplefilter("ignore", api.DraftLostWarning)  # as serve.py does: the engine says it in its own line
+    answers = [post(url + "/v1/completions", body)]
+    kill.append(True)
+    answers.append(post(url + "/v1/completions", body))
+    kill.clear()
+    answers.append(post(url + "/v1/completions", body))
+  assert [a[0] for a in answers] == [200] * 3
+  assert [a[1]["ssd_jax"]["token_ids"] for a in answers] == [want] * 3
+  assert [a[1]["ssd_jax"]["mode"] for a in answers] == ["ssd"] * 3
+  lost = [r.getMessage() for r in caplog.records if "draft side was lost" in r.getMessage()]
+  assert len(lost) == 1 and "\n" not in lost[0] and "exited" in lost[0], lost
+  assert not [r for r in caplog.records if r.exc_info]
