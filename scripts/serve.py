@@ -56,6 +56,18 @@ def check_args(args) -> None:
     fail(f"serving needs {' and '.join(missing)}: pip install -e \".[serve]\"")
 
 
+def server_log(level: str) -> logging.Logger:
+  """Returns the server's logger (ssd_jax.serve), writing to stderr as uvicorn does, whatever the libraries that
+  load the models do to the root logger (absl's handler, say)."""
+  log = logging.getLogger("ssd_jax.serve")
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+  log.addHandler(handler)
+  log.setLevel(level.upper())
+  log.propagate = False
+  return log
+
+
 def listen(host: str, port: int) -> socket.socket:
   """Returns a socket listening on host:port, bound before the model loads so that a port in use fails at once."""
   try:
@@ -76,7 +88,7 @@ def main(argv=None):
 
   plan = prepare_model(args, None if args.draft == "none" else args.draft, args.draft_head_vocab)
   plan.check_memory()
-  logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+  log = server_log(args.log_level)
   pipe = api.load_prepared(plan)
   # The engine logs a lost draft side in one line itself, and reports each batch's mode and K in its answers.
   warnings.filterwarnings("ignore", category=api.DraftLostWarning)
@@ -84,7 +96,7 @@ def main(argv=None):
   engine = Engine(pipe, args.max_batch, args.max_queue, args.default_max_tokens,
                   spec_settings={"draft_timeout": args.draft_timeout})
   host, port = sock.getsockname()[:2]
-  logging.getLogger("ssd_jax.serve").info(
+  log.info(
       "serving %s on http://%s:%d/v1 (default mode %s, draft %s; Ctrl-C or SIGTERM stops it)", model_id(pipe),
       f"[{host}]" if ":" in host else host, port, pipe.default_mode, pipe.draft.path if pipe.draft else "none")
   make_server(create_app(engine), args.host, port, args.log_level, args.shutdown_timeout).run(sockets=[sock])
