@@ -83,6 +83,31 @@ def test_one_call_a_chunk(sd_pair, monkeypatch):
   assert rounds == len(pieces) - 1 and res[0].stats.target_forwards == rounds + 1  # the prefill's, then a round
 
 
+def test_a_chunk_of_each_size_at_below_and_above_its_bound(sd_pair, monkeypatch):
+  """The chunk after the first: 13 of max_new_tokens made (the prefill's token, 4 rounds of 3: the target is its own
+  draft), so 1..5 tokens left. A chunk of s rounds runs once s tokens are left, not one token sooner: 1, 2, 4 left
+  each sit on a size's bound, 3 and 5 one past (2 and 4), 3 one short of 4. Every run makes the AR tokens
+  (greedy: each run's are the first of the longest AR run's)."""
+  cfg, tp, _ = sd_pair
+  dec, ar = SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2)), ARDecoder(cfg, tp)
+  sizes = []
+  call = Programs.__call__
+
+  def counting(self, fn, *args, **static):
+    if getattr(fn, "__name__", "") == "sd_chunk":
+      sizes.append(static["n"])
+    return call(self, fn, *args, **static)
+
+  monkeypatch.setattr(Programs, "__call__", counting)
+  ref = ar.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=18, ignore_eos=True))[0].token_ids
+  want = {1: 1, 2: 2, 3: 2, 4: 4, 5: 4}  # tokens left -> the largest of 4, 2, 1 rounds no more than that
+  for left, n in want.items():
+    sizes.clear()
+    got = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=13 + left, ignore_eos=True, sd_chunk=4))
+    assert sizes[:2] == [4, n], (left, sizes)
+    assert got[0].token_ids == ref[:13 + left], left
+
+
 def test_not_fused_for_a_draft_reading_features(sd_pair):
   """Only SD's colocated chain of a draft that reads tokens is fused: the same decoder and chain, once its draft
   reads target features (an EAGLE draft's feature_layers), is not."""
