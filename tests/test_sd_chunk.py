@@ -4,7 +4,9 @@ import pytest
 
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 from ssd_jax.decode import sd_chunk
-from ssd_jax.decode.base import Programs
+from ssd_jax.decode.base import Programs, run_lookaheads
+
+import cache_writes
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
@@ -106,6 +108,18 @@ def test_a_chunk_of_each_size_at_below_and_above_its_bound(sd_pair, monkeypatch)
     got = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=13 + left, ignore_eos=True, sd_chunk=4))
     assert sizes[:2] == [4, n], (left, sizes)
     assert got[0].token_ids == ref[:13 + left], left
+
+
+@pytest.mark.parametrize("n,new", [(1, 6), (4, 14)])
+def test_a_run_writes_within_its_lookahead(sd_pair, n, new, monkeypatch):
+  """Every slot a run writes, target and draft, lies within its lookahead past the text (run_lookaheads: what
+  cache_slots and the memory check size caches with). Rows that end early keep verifying (one round a call, or to
+  the end of their chunk); at these lengths a row writes furthest: a round a call, the target's K+2 exactly."""
+  last = cache_writes.record_caches(monkeypatch)
+  _dec(sd_pair, 2).generate(cache_writes.prompts(sd_pair[0].vocab_size),
+                            DecodeOptions(max_new_tokens=new, ignore_eos=True, sd_chunk=n))
+  past, ahead = cache_writes.slots_past_text(last, new), run_lookaheads(2, None, n)
+  assert sorted(past) == [0, 1] and all(0 < past[s] <= ahead[s] for s in past), (past, ahead)
 
 
 def test_not_fused_for_a_draft_reading_features(sd_pair):

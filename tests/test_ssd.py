@@ -7,11 +7,12 @@ import pytest
 from ssd_jax.models import model
 from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
-from ssd_jax.decode.base import pad_prompts
+from ssd_jax.decode.base import pad_prompts, run_lookaheads
 from ssd_jax.decode.speculator import SpecCache, cached_tokens, find
 from ssd_jax.decode.steps import draft_tree, pick_branch, prefill
 from ssd_jax.models.kv_cache import KVCache
 
+import cache_writes
 from draft_heads import LAW_ROWS, LIVE, REAL, TINY_LIVE, generate, live, restrict_head
 from law_stats import assert_joint_matches_target
 from pairs import PROMPTS, two_stop_ids, v4_pair
@@ -284,6 +285,18 @@ def test_auto_backup_tally_of_a_batch_run_counts_rows_and_calls(tiny_pair, pertu
   assert t["hit_rows"] == side.hits.sum() and t["hit_rows"] + t["miss_rows"] == side.rounds_by_len.sum() > 0
   assert t["neural_calls"] == side.backups_used["neural"] >= 1
   assert t["neural_rows"] >= len(PROMPTS)  # the first round's rows, all served by the neural backup
+
+
+def test_a_run_writes_within_its_lookahead(tiny_pair, perturbed_draft, monkeypatch):
+  """Every slot a run writes lies within its lookahead past the text (run_lookaheads: the verify's K+2 on the target,
+  the tree's on the draft; what cache_slots and the memory check size caches with). Rows that end early keep
+  verifying until the last is done; at 6 new tokens the target's writes reach K+2 exactly."""
+  cfg, tp = tiny_pair
+  last = cache_writes.record_caches(monkeypatch)
+  SSDDecoder(cfg, tp, cfg, perturbed_draft, SpecOptions(k=2, fan_out=2)).generate(
+      cache_writes.prompts(cfg.vocab_size), DecodeOptions(max_new_tokens=6, ignore_eos=True))
+  past, ahead = cache_writes.slots_past_text(last, 6), run_lookaheads(2, (2, 2, 2))
+  assert sorted(past) == [0, 1] and all(0 < past[s] <= ahead[s] for s in past), (past, ahead)
 
 
 def test_merge_rows_keeps_each_rows_tokens_with_their_q():
