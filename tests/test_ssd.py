@@ -257,6 +257,20 @@ def test_choose_backup_from_tally():
   assert choose_backup("auto", t, 256) == "fast"
 
 
+def test_auto_backup_gathers_each_statistic_twice_before_it_chooses():
+  """'auto' keeps the neural backup until hits, neural rows and verifies are each counted twice and a neural call
+  timed: at those counts the statistics choose (fast, for 256 rows), any one of them a count short keeps neural
+  where the same rates would choose fast."""
+  from ssd_jax.decode.backup import choose_backup, new_tally
+  t = dict(new_tally(), hit_rows=2, hit_tokens=6, miss_rows=2, neural_rows=2, neural_tokens=3, neural_calls=1,
+           neural_s=0.3, verify_s=2.0, verify_n=2)
+  assert choose_backup("auto", t, 256) == "fast"
+  assert choose_backup("auto", dict(t, hit_rows=3, hit_tokens=9, neural_rows=3, neural_tokens=4), 256) == "fast"
+  for short in (dict(hit_rows=1, hit_tokens=3), dict(neural_rows=1, neural_tokens=2), dict(verify_n=1, verify_s=1.0),
+                dict(neural_calls=0)):
+    assert choose_backup("auto", dict(t, **short), 256) == "neural", short
+
+
 def test_auto_backup_choice_falls_with_the_batch_at_theorem_17s_critical_batch():
   """The neural call's time is per call, not per row: at 8 rows a call of 0.3 verifies (4 calls for 32 neural rows)
   still costs 0.3 a miss, so the choice turns at the critical batch b* of Theorem 17 (about 3.2 here), where a time
