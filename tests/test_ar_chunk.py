@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from ssd_jax.decode import ARDecoder, DecodeOptions
-from ssd_jax.decode.base import Programs
+from ssd_jax.decode.base import Programs, run_lookaheads
 
+import cache_writes
 from pairs import cut_at_first
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -77,6 +78,15 @@ def test_one_call_a_chunk_and_streamed_in_chunks(dec, monkeypatch):
   res = dec.generate(PROMPTS[:2], DecodeOptions(max_new_tokens=10, ignore_eos=True, ar_chunk=4))
   assert names.count("ar_chunk") == 3 and [len(r.token_ids) for r in res] == [10, 10]
   assert [r.stats.target_forwards for r in res] == [10, 10]  # tokens, not the 13 steps the chunks ran
+
+
+def test_a_chunked_run_writes_within_its_lookahead(dec, monkeypatch):
+  """Every slot a run in chunks of 8 writes lies within its lookahead past the text (run_lookaheads: what cache_slots
+  and the memory check size caches with): at 10 new tokens a row's last chunk runs 6 steps past its end."""
+  last = cache_writes.record_caches(monkeypatch)
+  dec.generate(cache_writes.prompts(dec.tcfg.vocab_size), DecodeOptions(max_new_tokens=10, ignore_eos=True, ar_chunk=8))
+  past = cache_writes.slots_past_text(last, 10)
+  assert 0 < past[0] <= run_lookaheads(0, ar_chunk=8)[0], past
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])

@@ -118,13 +118,21 @@ def test_block_kernel_on_random_blocks_over_the_whole_half_range(kind):
 
 @needs_kernel
 def test_dense_takes_the_kernel_for_few_rows_and_the_portable_path_for_many():
+  """1..ROWS_KERNEL_MAX rows take the block kernel, each row bit for bit what it gets alone; one row more takes the
+  portable path (dequantize, XLA's product), bit for bit dot_rows' portable form: at 2 rows, the limit less one, the
+  limit and one past it."""
   rng = np.random.default_rng(5)
+  lim = model.ROWS_KERNEL_MAX
   w = jax.tree.map(jnp.asarray, block_weight(rng.standard_normal((64, 96)).astype(np.float32), "Q4_1"))
-  for rows in (2, model.ROWS_KERNEL_MAX + 1):
-    x = jnp.asarray(rng.standard_normal((rows, 64)).astype(np.float32))
-    hlo = jax.jit(lambda x, w: model.dense(x, w)).lower(x, w).as_text()
-    assert ("ssd_rows_q4_1_t" in hlo) == (rows <= model.ROWS_KERNEL_MAX), rows
-    np.testing.assert_allclose(np.asarray(model.dense(x, w)), np.asarray(x) @ np.asarray(blocks.dequantize(w)),
+  xs = jnp.asarray(rng.standard_normal((lim + 1, 64)).astype(np.float32))
+  dense = jax.jit(lambda x, w: model.dense(x, w))
+  alone = np.stack([np.asarray(dense(xs[i:i + 1], w))[0] for i in range(lim)])
+  for rows in (2, lim - 1, lim, lim + 1):
+    x = xs[:rows]
+    assert ("ssd_rows_q4_1_t" in dense.lower(x, w).as_text()) == (rows <= lim), rows
+    want = alone[:rows] if rows <= lim else jax.jit(lambda x, w: blocks.dot_rows(x, w, False))(x, w)
+    _same_bits(dense(x, w), want)
+    np.testing.assert_allclose(np.asarray(dense(x, w)), np.asarray(x) @ np.asarray(blocks.dequantize(w)),
                                rtol=1e-4, atol=1e-4)
 
 

@@ -120,6 +120,40 @@ def test_inert_fields_load(tmp_path):
   assert model_files.read_hf_safetensors(path, progress=False)[0].max_seq_len == 64
 
 
+def test_each_rope_source_alone_and_together():
+  """RoPE's base and scaling come from a transformers 4.x config (rope_theta, rope_scaling with 'rope_type' or the
+  older 'type') or a 5.x one (rope_parameters, the base inside it): each alone is read, none gives plain RoPE at
+  10000, and where both are the 5.x block wins."""
+  from ssd_jax.models.families import hf_rope
+  linear = {"rope_type": "linear", "factor": 4.0}
+  llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64, "rope_theta": 700.0}
+  want3 = RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
+  for hf, want in (({}, (10000.0, None)), (dict(rope_theta=500.0), (500.0, None)),
+                   (dict(rope_scaling=linear), (10000.0, RopeScaling("linear", factor=4.0))),
+                   (dict(rope_scaling={"type": "linear", "factor": 2.0}), (10000.0, RopeScaling("linear", factor=2.0))),
+                   (dict(rope_parameters={"rope_type": "default", "rope_theta": 700.0}), (700.0, None)),
+                   (dict(rope_parameters=llama3), (700.0, want3)),
+                   (dict(rope_theta=500.0, rope_scaling=linear, rope_parameters=llama3), (700.0, want3))):
+    assert hf_rope(hf, "config.json") == want, hf
+
+
+def test_each_gguf_head_width_source_alone():
+  """A GGUF states a head's width as attention.key_length or rope.dimension_count, else it is the embedding over the
+  heads: each alone is read (16 here, where 32 over 4 heads would be 8); its RoPE base is rope.freq_base, else 10000."""
+  from ssd_jax.models.families import gguf_model_config, gguf_tensor_names
+  cfg = tiny_config(head_dim=16)
+  meta = {"general.architecture": "llama", "llama.block_count": 2, "llama.context_length": 512,
+          "llama.embedding_length": 32, "llama.feed_forward_length": 48, "llama.attention.head_count": 4,
+          "llama.attention.head_count_kv": 2, "llama.attention.layer_norm_rms_epsilon": 1e-5}
+  shapes = dict.fromkeys(gguf_tensor_names(cfg), (1,)) | {"token_embd.weight": (64, 32)}
+  for keys, width in (({"llama.attention.key_length": 16}, 16), ({"llama.rope.dimension_count": 16}, 16),
+                      ({"llama.attention.key_length": 16, "llama.rope.dimension_count": 16}, 16), ({}, 8)):
+    got = gguf_model_config(meta | keys, shapes, "m.gguf")
+    assert (got.head_dim, got.rope_theta) == (width, 10000.0), keys
+  assert gguf_model_config(meta | {"llama.rope.freq_base": 500.0}, shapes, "m.gguf").rope_theta == 500.0
+
+
 def test_unimplemented_gguf_is_refused(tmp_path):
   cfg = tiny_config()
   params = _params(cfg)

@@ -37,6 +37,27 @@ def test_eos_stops_row_but_not_others(tiny_pair):
   assert res[1].token_ids == ref[1][:cut]
 
 
+def test_prompt_and_cache_buckets_at_below_and_above_their_bounds():
+  """Prompts pad to a multiple of 64 tokens and caches round up to 128 slots (a few programs serve every length): a
+  length at a multiple keeps it, one more takes the next. The padded rows hold their prompts and zeros; a cache holds
+  the padded prompt (the prefill writes all of it) and the text with its lookahead."""
+  from ssd_jax.decode.base import PROMPT_BUCKET, cache_slots, pad_prompts
+  from ssd_jax.models.kv_cache import round_slots
+
+  assert PROMPT_BUCKET == 64
+  for n, want in ((1, 128), (127, 128), (128, 128), (129, 256), (255, 256), (256, 256), (257, 384)):
+    assert round_slots(n) == want, n
+  for longest, width in ((63, 64), (64, 64), (65, 128), (127, 128), (128, 128), (129, 192)):
+    prompts = [list(range(1, longest + 1)), [7, 8]]
+    tokens, lengths = pad_prompts(prompts)
+    assert tokens.shape == (2, width) and lengths.tolist() == [longest, 2], longest
+    assert tokens[0, :longest].tolist() == prompts[0] and tokens[1, :2].tolist() == [7, 8]
+    assert not tokens[0, longest:].any() and not tokens[1, 2:].any()
+    assert cache_slots(longest, 1) >= width, longest
+  for ahead, want in ((17, 128), (18, 128), (19, 256)):  # 10 + 100 + ahead: 127, 128, 129 slots needed
+    assert cache_slots(10, 100, ahead) == want, ahead
+
+
 def test_eos_ids_normalised_and_checked():
   assert DecodeOptions(eos_id=(9, 2, 9)).eos_id == (2, 9) == DecodeOptions(eos_id=[9, 2]).eos_id
   assert DecodeOptions(eos_id={9, 2}).eos_id == (2, 9) == DecodeOptions(eos_id=np.array([9, 2])).eos_id

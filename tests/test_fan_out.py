@@ -33,6 +33,21 @@ def test_parse_and_errors():
     fan_out.geometric_fan_out(3, 10, 1.2, 1.0)
 
 
+def test_fan_out_counts_at_below_and_above_their_bounds():
+  """A list needs K+1 counts (K and K+2 refused), each at least 0 (-1 refused), summing to at least 1: a tree of one
+  branch is taken, one of none refused. A uniform F needs at least 1; a geometric budget too, and spends it exactly."""
+  assert fan_out.parse_fan_out("0,0,1", 2) == (0, 0, 1) and fan_out.parse_fan_out("1,0,0", 2) == (1, 0, 0)
+  assert fan_out.parse_fan_out("1", 2) == (1, 1, 1)
+  for bad in ("0,0,0", "0,1", "0,0,1,0", "1,-1,1", "0"):
+    with pytest.raises(ValueError):
+      fan_out.parse_fan_out(bad, 2)
+  for budget in (1, 2):
+    got = fan_out.geometric_fan_out(3, budget, 0.8, 1.0)
+    assert len(got) == 4 and sum(got) == budget and min(got) >= 0, got
+  with pytest.raises(ValueError, match="budget"):
+    fan_out.geometric_fan_out(3, 0, 0.8, 1.0)
+
+
 def test_fit_power_law_recovers_exponent():
   rng = np.random.default_rng(0)
   for r in (0.5, 1.0, 2.0):

@@ -75,6 +75,28 @@ def test_dense_sends_bfloat16_weights_through_the_kernel():
 
 
 @pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
+@pytest.mark.parametrize("wdtype", ["float32", "bfloat16"])
+def test_dense_takes_the_kernel_up_to_its_row_limit_and_xla_past_it(wdtype):
+  """model.dense chooses its product by the row count: 1..ROWS_KERNEL_MAX rows go through the few-row kernel, each
+  row bit for bit what it gets alone (an AR step's row is a verify's), one row more through XLA's product, bit for bit
+  the plain product. Checked at one row and at the limit less one, the limit and one past it."""
+  from ssd_jax.models import model
+  lim, f32 = model.ROWS_KERNEL_MAX, jnp.float32
+  rng = np.random.default_rng(lim)
+  x = jnp.asarray(rng.standard_normal((lim + 1, 96), dtype=np.float32))
+  w = jnp.asarray(rng.standard_normal((96, 80), dtype=np.float32)).astype(wdtype)
+  kernel = "ssd_rows_matmul_bf16" if wdtype == "bfloat16" else "ssd_rows_matmul"
+  dense = jax.jit(model.dense)
+  alone = np.stack([np.asarray(dense(x[i:i + 1], w))[0] for i in range(lim)])
+  plain = jax.jit(lambda x, w: x @ w if w.dtype == f32 else jnp.matmul(x, w, preferred_element_type=f32))
+  for m in (1, lim - 1, lim, lim + 1):
+    hlo, got = dense.lower(x[:m], w).as_text(), np.asarray(dense(x[:m], w))
+    assert (kernel in hlo) == (m <= lim), m
+    np.testing.assert_array_equal(got, alone[:m] if m <= lim else np.asarray(plain(x[:m], w)), err_msg=str(m))
+  np.testing.assert_allclose(alone, np.asarray(x[:lim]) @ np.asarray(w, np.float32), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not rows_matmul.available(), reason="no C++ compiler for the CPU kernel")
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("k,n", [(576, 1536), (1536, 576), (37, 101), (16, 7)])
 @pytest.mark.parametrize("transposed", [False, True])

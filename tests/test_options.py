@@ -55,6 +55,21 @@ def test_context_check_names_the_prompt_and_the_speculation_slots():
   check_context(100, [10, 60], 36, k=3)
 
 
+def test_fan_out_fits_the_drafts_vocabulary_less_the_drafted_token():
+  """SSD's fork picks an acceptance length's F guesses from the draft's head less the drafted token: F = V - 1 is
+  taken, F = V refused, on a full head (64) and a cut one (40 rows); SD, which forks nothing, takes either."""
+  from ssd_jax.decode.options import check_pair
+  from ssd_jax.models.config import tiny_config
+
+  target = tiny_config(vocab_size=64)
+  for draft in (target, tiny_config(vocab_size=64, head_vocab=40)):
+    v = draft.out_vocab
+    check_pair(target, draft, SpecOptions(k=2, fan_out=v - 1))
+    with pytest.raises(ValueError, match=f"fan-out {v} exceeds the draft's vocabulary"):
+      check_pair(target, draft, SpecOptions(k=2, fan_out=v))
+    check_pair(target, draft, SpecOptions(k=2, fan_out=v), tree=False)
+
+
 @pytest.mark.parametrize("setting,value,msg", [
     ("attn_impl", "flash", "unknown attention implementation 'flash'"),
     ("ssd_placement", "cloud", "unknown SSD placement 'cloud'"),

@@ -4,7 +4,9 @@ import pytest
 
 from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions
 from ssd_jax.decode import sd_chunk
-from ssd_jax.decode.base import Programs
+from ssd_jax.decode.base import Programs, run_lookaheads
+
+import cache_writes
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
 SETTINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.8, top_p=0.9, seed=11)}
@@ -81,6 +83,43 @@ def test_one_call_a_chunk(sd_pair, monkeypatch):
   assert made == 16 and at == len(pieces) and sizes == [4, 2], (sizes, pieces)
   rounds = res[0].stats.extra["rounds"]
   assert rounds == len(pieces) - 1 and res[0].stats.target_forwards == rounds + 1  # the prefill's, then a round
+
+
+def test_a_chunk_of_each_size_at_below_and_above_its_bound(sd_pair, monkeypatch):
+  """The chunk after the first: 13 of max_new_tokens made (the prefill's token, 4 rounds of 3: the target is its own
+  draft), so 1..5 tokens left. A chunk of s rounds runs once s tokens are left, not one token sooner: 1, 2, 4 left
+  each sit on a size's bound, 3 and 5 one past (2 and 4), 3 one short of 4. Every run makes the AR tokens
+  (greedy: each run's are the first of the longest AR run's)."""
+  cfg, tp, _ = sd_pair
+  dec, ar = SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2)), ARDecoder(cfg, tp)
+  sizes = []
+  call = Programs.__call__
+
+  def counting(self, fn, *args, **static):
+    if getattr(fn, "__name__", "") == "sd_chunk":
+      sizes.append(static["n"])
+    return call(self, fn, *args, **static)
+
+  monkeypatch.setattr(Programs, "__call__", counting)
+  ref = ar.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=18, ignore_eos=True))[0].token_ids
+  want = {1: 1, 2: 2, 3: 2, 4: 4, 5: 4}  # tokens left -> the largest of 4, 2, 1 rounds no more than that
+  for left, n in want.items():
+    sizes.clear()
+    got = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=13 + left, ignore_eos=True, sd_chunk=4))
+    assert sizes[:2] == [4, n], (left, sizes)
+    assert got[0].token_ids == ref[:13 + left], left
+
+
+@pytest.mark.parametrize("n,new", [(1, 6), (4, 14)])
+def test_a_run_writes_within_its_lookahead(sd_pair, n, new, monkeypatch):
+  """Every slot a run writes, target and draft, lies within its lookahead past the text (run_lookaheads: what
+  cache_slots and the memory check size caches with). Rows that end early keep verifying (one round a call, or to
+  the end of their chunk); at these lengths a row writes furthest: a round a call, the target's K+2 exactly."""
+  last = cache_writes.record_caches(monkeypatch)
+  _dec(sd_pair, 2).generate(cache_writes.prompts(sd_pair[0].vocab_size),
+                            DecodeOptions(max_new_tokens=new, ignore_eos=True, sd_chunk=n))
+  past, ahead = cache_writes.slots_past_text(last, new), run_lookaheads(2, None, n)
+  assert sorted(past) == [0, 1] and all(0 < past[s] <= ahead[s] for s in past), (past, ahead)
 
 
 def test_not_fused_for_a_draft_reading_features(sd_pair):

@@ -7,11 +7,12 @@ import pytest
 from ssd_jax.models import model
 from ssd_jax.models.config import tiny_config
 from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder
-from ssd_jax.decode.base import pad_prompts
+from ssd_jax.decode.base import pad_prompts, run_lookaheads
 from ssd_jax.decode.speculator import SpecCache, cached_tokens, find
 from ssd_jax.decode.steps import draft_tree, pick_branch, prefill
 from ssd_jax.models.kv_cache import KVCache
 
+import cache_writes
 from draft_heads import LAW_ROWS, LIVE, REAL, TINY_LIVE, generate, live, restrict_head
 from law_stats import assert_joint_matches_target
 from pairs import PROMPTS, two_stop_ids, v4_pair
@@ -256,6 +257,20 @@ def test_choose_backup_from_tally():
   assert choose_backup("auto", t, 256) == "fast"
 
 
+def test_auto_backup_gathers_each_statistic_twice_before_it_chooses():
+  """'auto' keeps the neural backup until hits, neural rows and verifies are each counted twice and a neural call
+  timed: at those counts the statistics choose (fast, for 256 rows), any one of them a count short keeps neural
+  where the same rates would choose fast."""
+  from ssd_jax.decode.backup import choose_backup, new_tally
+  t = dict(new_tally(), hit_rows=2, hit_tokens=6, miss_rows=2, neural_rows=2, neural_tokens=3, neural_calls=1,
+           neural_s=0.3, verify_s=2.0, verify_n=2)
+  assert choose_backup("auto", t, 256) == "fast"
+  assert choose_backup("auto", dict(t, hit_rows=3, hit_tokens=9, neural_rows=3, neural_tokens=4), 256) == "fast"
+  for short in (dict(hit_rows=1, hit_tokens=3), dict(neural_rows=1, neural_tokens=2), dict(verify_n=1, verify_s=1.0),
+                dict(neural_calls=0)):
+    assert choose_backup("auto", dict(t, **short), 256) == "neural", short
+
+
 def test_auto_backup_choice_falls_with_the_batch_at_theorem_17s_critical_batch():
   """The neural call's time is per call, not per row: at 8 rows a call of 0.3 verifies (4 calls for 32 neural rows)
   still costs 0.3 a miss, so the choice turns at the critical batch b* of Theorem 17 (about 3.2 here), where a time
@@ -284,6 +299,18 @@ def test_auto_backup_tally_of_a_batch_run_counts_rows_and_calls(tiny_pair, pertu
   assert t["hit_rows"] == side.hits.sum() and t["hit_rows"] + t["miss_rows"] == side.rounds_by_len.sum() > 0
   assert t["neural_calls"] == side.backups_used["neural"] >= 1
   assert t["neural_rows"] >= len(PROMPTS)  # the first round's rows, all served by the neural backup
+
+
+def test_a_run_writes_within_its_lookahead(tiny_pair, perturbed_draft, monkeypatch):
+  """Every slot a run writes lies within its lookahead past the text (run_lookaheads: the verify's K+2 on the target,
+  the tree's on the draft; what cache_slots and the memory check size caches with). Rows that end early keep
+  verifying until the last is done; at 6 new tokens the target's writes reach K+2 exactly."""
+  cfg, tp = tiny_pair
+  last = cache_writes.record_caches(monkeypatch)
+  SSDDecoder(cfg, tp, cfg, perturbed_draft, SpecOptions(k=2, fan_out=2)).generate(
+      cache_writes.prompts(cfg.vocab_size), DecodeOptions(max_new_tokens=6, ignore_eos=True))
+  past, ahead = cache_writes.slots_past_text(last, 6), run_lookaheads(2, (2, 2, 2))
+  assert sorted(past) == [0, 1] and all(0 < past[s] <= ahead[s] for s in past), (past, ahead)
 
 
 def test_merge_rows_keeps_each_rows_tokens_with_their_q():

@@ -159,6 +159,29 @@ def test_template_from_named_list_and_jinja_file(tmp_path):
     TextTokenizer.from_dir(path)
 
 
+def test_each_eos_and_template_source_alone_and_together(tmp_path):
+  """A model directory's EOS set comes from three files: generation_config.json's eos_token_id, config.json's and
+  tokenizer_config.json's eos_token. Each alone gives its id (and names it the end of a turn); together, all three,
+  the tokenizer's own the end of a turn. Its template from chat_template.jinja or tokenizer_config.json's key: each
+  alone is read, the file wins over the key."""
+  tok = byte_tokenizer(["<gen>", "<cfg>", "<tok>"])
+  ids = {t: tok.token_to_id(t) for t in ("<gen>", "<cfg>", "<tok>")}
+  sources = {"<gen>": dict(generation_config={"eos_token_id": [ids["<gen>"]]}),
+             "<cfg>": dict(config={"eos_token_id": ids["<cfg>"]}),
+             "<tok>": dict(tokenizer_config={"eos_token": "<tok>"})}
+  for token, files in sources.items():
+    got = TextTokenizer.from_dir(model_dir(tmp_path / token[1:-1], tok, **files))
+    assert (got.eos_ids, got.eos_id) == ((ids[token],), ids[token]), token
+  every = {name: d for files in sources.values() for name, d in files.items()}
+  got = TextTokenizer.from_dir(model_dir(tmp_path / "all", tok, **every))
+  assert (got.eos_ids, got.eos_id) == (tuple(sorted(ids.values())), ids["<tok>"])
+  eos, file, key = ({"eos_token_id": ids["<gen>"]}, "{{ 'file' }}", {"chat_template": "{{ 'key' }}"})
+  for i, (want, files) in enumerate((("file", dict(jinja=file)), ("key", dict(tokenizer_config=key)),
+                                     ("file", dict(jinja=file, tokenizer_config=key)))):
+    path = model_dir(tmp_path / f"template{i}", tok, generation_config=eos, **files)
+    assert TextTokenizer.from_dir(path).render_chat(CONVERSATION) == want, files
+
+
 def test_transformers_environment():
   """What transformers gives a template besides the messages: strftime_now, raise_exception, a tojson that keeps
   <, > and & (Jinja's own escapes them for HTML), loop controls, bos/eos variables, tools None."""
@@ -340,3 +363,17 @@ def test_gguf_tokenizers_templates_and_eos_sets():
     with pytest.raises(ValueError, match=msg) as e:
       text_tokenizer_from_gguf(meta)
     one_line(e)
+
+
+def test_each_gguf_end_of_sequence_key_alone_and_together():
+  """A GGUF's EOS set: its eos, eot and eom ids (llama.cpp stops on all three). Each alone gives its id; together, all
+  three, the eos the end of a turn."""
+  from ssd_jax.models.tokenizer import text_tokenizer_from_gguf
+
+  ids = {t: i for i, t in enumerate(LLAMA3)}
+  keys = {"eos_token_id": ids["<|end_of_text|>"], "eot_token_id": ids["<|eot_id|>"], "eom_token_id": ids["<|eom_id|>"]}
+  for key, i in keys.items():
+    tok = text_tokenizer_from_gguf(gguf_meta(LLAMA3, "llama-bpe", **{key: i}))
+    assert tok.eos_ids == (i,) and tok.eos_id == i, key
+  tok = text_tokenizer_from_gguf(gguf_meta(LLAMA3, "llama-bpe", **keys))
+  assert tok.eos_ids == tuple(sorted(keys.values())) and tok.eos_id == keys["eos_token_id"]
