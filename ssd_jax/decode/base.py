@@ -56,7 +56,9 @@ def run_lookaheads(k: int, fan_out=None, sd_chunk: int = 1, ar_chunk: int = 4) -
   round, the one place every decoder and the memory sizer (memory_check.run_slots) read them from: a verify writes
   K+1 entries past the text, and one more slot is kept (K+2); AR (K=0) in chunks of ar_chunk steps writes up to a
   chunk past a row's end (ar_chunk + 2); SD in chunks of sd_chunk rounds what a chunk may write (chunk_lookahead);
-  SSD's tree draft (fan_out given) its tree's scratch slots (steps.tree_lookahead); any other draft as the target."""
+  SSD's tree draft (fan_out given) its tree's scratch slots (steps.tree_lookahead); any other draft as the target.
+  These bound a live row's writes; a finished row keeps verifying at its frozen length (up to 2K past its text at
+  K >= 3, measured in tests/cache_writes.py's runs), harmless: its cache is never read again."""
   from .steps import tree_lookahead
 
   target = chunk_lookahead(k, sd_chunk) if k and sd_chunk > 1 else max(k, 1 if k else ar_chunk) + 2
