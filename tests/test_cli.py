@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -121,12 +120,8 @@ def test_negative_seeds_are_accepted():
       jax.random.key(seed)
 
 
-def _decode_script():
-  return load_script("decode.py", "decode_script")
-
-
 def test_options_the_mode_does_not_read_are_listed():
-  decode = _decode_script()
+  from ssd_jax.cli import decode
   args = decode.parse_args(["--k", "3", "--fan-out", "5", "--backup", "fast", "--ssd-placement", "processes",
                             "--saguaro-c", "0.5", "--fan-out-strategy", "geometric", "--fan-out-miss", "5,5,5"])
   ssd_only = ["--fan-out", "--fan-out-miss", "--fan-out-strategy", "--backup", "--saguaro-c", "--ssd-placement"]
