@@ -5,13 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from commands import run_script as run  # a script as a user runs it, on this checkout's package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(script, *args, timeout=600):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *args], capture_output=True,
-                        text=True, timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.parametrize("args,msg", [
