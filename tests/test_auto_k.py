@@ -239,11 +239,10 @@ def test_measure_host_subtracts_the_compiled_steps_from_real_decodes():
 def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monkeypatch):
   """bench.py's host decoder on the tiny pair: AR and SD at K=1 decode the fixed prompt, and the loop's time per AR
   token and SD round comes out finite and smaller than a whole token's or round's time."""
-  from script_modules import load_script
+  from ssd_jax.cli import bench_machine
   monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
-  bench = load_script("bench.py", "bench_script")
   pipe = api.load_tiny()
-  decode = bench.host_decoder(pipe, 12)
+  decode = bench_machine.host_decoder(pipe, 12)
   seconds, new, forwards = decode("sd")
   assert new == 12 and 1 < forwards <= 12 and seconds > 0
   steps = auto_k.CostTable((auto_k.StepCosts({1: 0.0}, {1: {2: 0.0}}, {1: 0.0}, prefix=64),))

@@ -1,5 +1,5 @@
-"""scripts/bench.py: a tiny-pair smoke run (JSON schema, figures recomputed from the runs), the summary arithmetic,
-sweeps, plots, and the Hugging Face export of a reduced-vocabulary draft."""
+"""scripts/bench.py (ssd_jax/cli/bench.py): a tiny-pair smoke run (JSON schema, figures recomputed from the runs),
+the summary arithmetic, sweeps, plots, and the Hugging Face export of a reduced-vocabulary draft."""
 import importlib.util
 import json
 import math
@@ -12,18 +12,14 @@ import pytest
 
 from ssd_jax.bench import plan
 from ssd_jax.cli_util import UsageError
-from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _bench_module():
-  return load_script("bench.py", "bench_script")
-
-
 @pytest.fixture(scope="module")
 def bench():
-  return _bench_module()
+  from ssd_jax.cli import bench
+  return bench
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from script_modules import load_script
+from commands import run_script as run  # a script as a user runs it, on this checkout's package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(script, *args, timeout=600):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *args], capture_output=True,
-                        text=True, timeout=timeout, cwd=ROOT)
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -121,12 +116,8 @@ def test_negative_seeds_are_accepted():
       jax.random.key(seed)
 
 
-def _decode_script():
-  return load_script("decode.py", "decode_script")
-
-
 def test_options_the_mode_does_not_read_are_listed():
-  decode = _decode_script()
+  from ssd_jax.cli import decode
   args = decode.parse_args(["--k", "3", "--fan-out", "5", "--backup", "fast", "--ssd-placement", "processes",
                             "--saguaro-c", "0.5", "--fan-out-strategy", "geometric", "--fan-out-miss", "5,5,5"])
   ssd_only = ["--fan-out", "--fan-out-miss", "--fan-out-strategy", "--backup", "--saguaro-c", "--ssd-placement"]

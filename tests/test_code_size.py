@@ -1,8 +1,9 @@
 """The size rules of issue 32's bar: no module of the package over 400 lines (a module that is one concept, named
 with its reason, up to 600), no function over 80 lines in the package or the scripts (a script's argument parsing,
 `parse_args`, excepted: one line a flag). And layers that point one way: the library's core imports nothing from its
-benchmark, and no test module imports another (shared helpers live in the plain modules of tests/, shared fixtures in
-tests/conftest.py)."""
+benchmark, no test module imports another (shared helpers live in the plain modules of tests/, shared fixtures in
+tests/conftest.py), and no test imports or loads a script (a product command's code is ssd_jax/cli/; a test runs a
+script as a command, tests/commands.py)."""
 import ast
 import os
 
@@ -101,3 +102,44 @@ def test_the_check_finds_a_test_module_import(tmp_path):
                  "def f():\n  from test_sd_chain import sd_pair\n")
   rel = os.path.relpath(str(src), ROOT)
   assert imports_of_test_modules(str(src)) == [f"{rel}:2 test_sd", f"{rel}:7 test_sd_chain"]
+
+
+# What runs a file as a module: importlib's file loaders, runpy, imp.
+SCRIPT_LOADERS = {"spec_from_file_location", "SourceFileLoader", "SourcelessFileLoader", "exec_module", "load_source",
+                  "run_path"}
+
+
+def script_loads(path: str) -> list[str]:
+  """Returns 'path:line what' for every way `path` takes a script's code into its own process: an import of a name
+  that is a script of scripts/ (its folder put on sys.path) or of `scripts`, or a loader that runs a file as a module
+  (SCRIPT_LOADERS). Running a script as a command (a subprocess) is neither."""
+  scripts = {os.path.basename(p)[:-3] for p in _sources("scripts")} | {"scripts"}
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  rel, found = os.path.relpath(path, ROOT), []
+  for node in ast.walk(tree):
+    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+             [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+    found += [(node.lineno, f"import {n}") for n in names if n.split(".")[0] in scripts]
+    loader = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    if loader in SCRIPT_LOADERS:
+      found.append((node.lineno, loader))
+  return [f"{rel}:{line} {what}" for line, what in sorted(found)]
+
+
+def test_no_test_imports_or_loads_a_script():
+  """Tests import the package, never a script: a product command's code is a module of ssd_jax/cli/ (the script calls
+  its main), and a test runs a script as a command (tests/commands.py). A script loaded by path ties the test to the
+  file's private names and keeps code the library should own where no user can import it."""
+  assert [x for p in _sources("tests") for x in script_loads(p)] == []
+
+
+def test_the_check_finds_a_script_load(tmp_path):
+  src = tmp_path / "test_x.py"
+  src.write_text("import importlib.util\nimport runpy\nimport decode\nfrom pairs import PROMPTS\n"
+                 "from ssd_jax.cli import bench\n\n\ndef f():\n"
+                 "  spec = importlib.util.spec_from_file_location('b', 'scripts/bench.py')\n"
+                 "  runpy.run_path('scripts/plan.py')\n  from mutation_run import MUTATIONS\n")
+  rel = os.path.relpath(str(src), ROOT)
+  assert script_loads(str(src)) == [f"{rel}:3 import decode", f"{rel}:9 spec_from_file_location", f"{rel}:10 run_path",
+                                    f"{rel}:11 import mutation_run"]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from script_modules import load_script
+from commands import run_script
 
 from ssd_jax import api
 from ssd_jax.kernels import causal_mask_info
@@ -117,10 +117,11 @@ def test_greedy_sd_and_ssd_equal_ar_with_the_real_q8_0_draft():
 
 
 def test_draft_cost_script_times_every_call_of_each_format(tmp_path):
+  """scripts/experiments/draft_cost.py on the tiny pair's drafts, run as a command."""
   out = tmp_path / "cost.json"
-  load_script("draft_cost.py", "draft_cost_script").main(
-      ["--tiny", "--eagle", "tiny", "--repeats", "2", "--ks", "1,2", "--batch", "1", "--prefix", "20",
-       "--json-out", str(out)])
+  r = run_script("draft_cost.py", "--tiny", "--eagle", "tiny", "--repeats", "2", "--ks", "1,2", "--batch", "1",
+                 "--prefix", "20", "--json-out", str(out))
+  assert r.returncode == 0, r.stderr[-2000:]
   ms = json.loads(out.read_text())["batch1"]
   for label in ("draft/full", "draft/q8_0", "eagle/full", "eagle/q8_0"):
     for name in ("step", "exe_1", "exe_2", "propose_1", "propose_2"):

@@ -1,12 +1,12 @@
-"""One front door (issue 46 item 2): api.load() and scripts/decode.py make the same checks before any weight is read,
-through the same code (ssd_jax/preflight.py, settings.py, memory_check.py), so a bad input gets the same line from
-both; and a first run of decode.py with the default target in its GGUF blocks converts nothing."""
+"""One front door (issue 46 item 2): api.load() and scripts/decode.py (ssd_jax/cli/decode.py) make the same checks
+before any weight is read, through the same code (ssd_jax/preflight.py, settings.py, memory_check.py), so a bad input
+gets the same line from both; and a first run of decode.py with the default target in its GGUF blocks converts
+nothing."""
 import os
 import subprocess
 import sys
 
 import pytest
-from script_modules import load_script
 
 from ssd_jax import api, memory_check
 from ssd_jax.models import checkpoints
@@ -19,7 +19,8 @@ EAGLE = os.path.join(ROOT, "checkpoints", "eagle-smollm2")
 
 @pytest.fixture(scope="module")
 def decode():
-  return load_script("decode.py", "decode_script")
+  from ssd_jax.cli import decode
+  return decode
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""scripts/dev/bench_kernel_ab.py in a tiny configuration for each kernel (the working tree against HEAD), so the A/B
-script cannot rot; and its forward mode's swap really routes the model's calls to the build it names."""
+"""scripts/dev/bench_kernel_ab.py run as a command in a tiny configuration for each kernel (the working tree against
+HEAD), so the A/B script cannot rot; and its library's (ssd_jax/bench/kernel_ab.py) forward mode's swap really routes
+the model's calls to the build it names."""
 import re
 
 import jax
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from script_modules import load_script
+from commands import run_script
 from ssd_jax.bench import kernel_ab
 from ssd_jax.kernels import causal_mask_info, rows_matmul
 from ssd_jax.kernels.masked_attention import cpu as attn_cpu
@@ -22,16 +23,12 @@ def _needs(kernel: str):
     pytest.skip(f"the {kernel} kernel does not build here")
 
 
-@pytest.fixture(scope="module")
-def script():
-  return load_script("bench_kernel_ab.py", "bench_kernel_ab_script")
-
-
 @pytest.mark.parametrize("kernel", sorted(TINY))
-def test_kernel_mode_times_both_builds(script, kernel, capsys):
+def test_kernel_mode_times_both_builds(kernel):
   _needs(kernel)
-  assert script.main(["--kernel", kernel, "--old", "HEAD", "--reps", "2", *TINY[kernel]]) == 0
-  out = capsys.readouterr().out
+  res = run_script("bench_kernel_ab.py", "--kernel", kernel, "--old", "HEAD", "--reps", "2", *TINY[kernel])
+  assert res.returncode == 0, res.stderr[-2000:]
+  out = res.stdout
   assert f"{kernel_ab.KERNELS[kernel].source}.cc" in out and "HEAD (old) vs working tree (new), medians of 2" in out
   counts = [int(c) for c in TINY[kernel][1].split(",")]
   rows = [line for line in out.splitlines() if re.match(r"\| \d+ \|", line)]
@@ -41,9 +38,9 @@ def test_kernel_mode_times_both_builds(script, kernel, capsys):
     assert wo > 0.005 and (wn - 0.005) / (wo + 0.005) - 5e-4 <= ratio <= (wn + 0.005) / (wo - 0.005) + 5e-4
 
 
-def test_a_revision_without_the_kernel_is_one_line(script):
+def test_a_revision_without_the_kernel_is_one_line():
   with pytest.raises(SystemExit, match=r"^bench_kernel_ab: cannot read rows_matmul.cc at 'no-such-rev'"):
-    script.main(["--kernel", "blocks", "--old", "no-such-rev", "--rows", "1"])
+    kernel_ab.build_pair(kernel_ab.KERNELS["blocks"], "no-such-rev", "native")
 
 
 def _compiled_text(f, *args) -> str:

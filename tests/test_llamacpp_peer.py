@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from ssd_jax.bench import llamacpp_peer as lp
+from ssd_jax.cli import bench, bench_peers
 from ssd_jax.cli_util import UsageError
-from script_modules import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -21,10 +21,6 @@ PP = os.path.join(FIXTURES, "llama_bench_pp.json")  # llama-bench -p 1,2,3,5,9 -
 def _read(path):
   with open(path) as f:
     return f.read()
-
-
-def _bench_module():
-  return load_script("bench.py", "bench_script_llamacpp")
 
 
 def _fake_bench(tmp_path, body: str):
@@ -128,7 +124,6 @@ def test_measure_and_the_table_beside_ours(tmp_path):
 
 
 def test_bench_beside_ours_and_its_errors(tmp_path):
-  bench = _bench_module()
   fake = _fake_bench(tmp_path, f"cat {TG}")
   args = argparse.Namespace(peer_bin=fake, target=str(tmp_path / "m.gguf"), tiny=False, max_new_tokens=128,
                             baseline_cores="target")
@@ -136,7 +131,7 @@ def test_bench_beside_ours_and_its_errors(tmp_path):
   result = {"summary": {"by_variant": {"ar": {"all": {"tokens_per_second": 40.0}}}}}
   saved = os.sched_getaffinity(0)
   if len(saved) >= 2:
-    lines = bench.llamacpp_beside(result, args, variants)
+    lines = bench_peers.llamacpp_beside(result, args, variants)
     tps = lp.parse_report(_read(TG))[0]["tokens_per_second"]
     assert result["llamacpp"]["ours_over_llamacpp"]["ar"] == pytest.approx(40.0 / tps)
     assert f"| ar | 40.00 | {40.0 / tps:.2f}x |" in lines

@@ -1,4 +1,5 @@
-"""The mutation run's list stays true to the code (scripts/dev/mutation_run.py runs it; it is too long for this suite).
+"""The mutation run's list (tests/mutations.py) stays true to the code (scripts/dev/mutation_run.py runs it; it is too
+long for this suite).
 
 Each mutation's text must occur exactly once in its file, and every test it names must exist: an edit that moves
 the code would otherwise turn a mutation into a no-op or a run of nothing, silently.
@@ -7,16 +8,9 @@ import ast
 import os
 
 import pytest
-from script_modules import load_script
+from mutations import MUTATIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _mutation_run():
-  return load_script("mutation_run.py", "mutation_run")
-
-
-MUTATIONS = _mutation_run().MUTATIONS
 
 
 def test_mutation_names_are_unique():

@@ -1,14 +1,9 @@
 """scripts/experiments/profile_step.py: the AR step's per-thunk profile, summed by part, on the tiny target (a
 subprocess: XLA's trace flag must be set before JAX starts)."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
-from script_modules import script_path
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from commands import run_script
 
 
 def test_profile_step_attributes_the_step_to_its_parts():
@@ -16,8 +11,7 @@ def test_profile_step_attributes_the_step_to_its_parts():
   from ssd_jax.kernels import rows_matmul
   if not rows_matmul.available():
     pytest.skip("no C++ compiler for the CPU kernels")
-  res = subprocess.run([sys.executable, script_path("profile_step.py"), "--tiny", "--steps", "6",
-                        "--start", "3", "--cache", "64"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+  res = run_script("profile_step.py", "--tiny", "--steps", "6", "--start", "3", "--cache", "64")
   assert res.returncode == 0, res.stderr[-2000:]
   row = re.compile(r"^\| ([^|]+?) \|\s*(\d+)\s*\|\s*(\d*)\s*\|\s*([\d.]+)%", re.M)
   rows = {m.group(1): m.groups()[1:] for m in row.finditer(res.stdout)}

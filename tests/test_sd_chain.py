@@ -112,18 +112,18 @@ def test_a_round_places_nothing_from_the_host(sd_pair, monkeypatch):
 
 @pytest.mark.parametrize("sd_chunk", [None, 1], ids=["chunks", "unfused"])
 def test_round_cost_script_times_each_modes_own_loop(tmp_path, sd_chunk):
-  """scripts/experiments/round_cost.py on the tiny pair: each mode's loop figures come from the loop that mode runs
-  (SD in chunks by default: sd_chunk.Chunks.run, not rounds._rounds, whose timings were once reported as SD's), its
-  compiled calls, SD's text checked against AR's."""
+  """scripts/experiments/round_cost.py on the tiny pair, run as a command: each mode's loop figures come from the loop
+  that mode runs (SD in chunks by default: sd_chunk.Chunks.run, not rounds._rounds, whose timings were once reported
+  as SD's), its compiled calls, SD's text checked against AR's."""
   import json
 
-  from script_modules import load_script
+  from commands import run_script
   out = tmp_path / "rounds.json"
   ks = "1,2" if sd_chunk is None else "1"
   chunk = [] if sd_chunk is None else ["--sd-chunk", str(sd_chunk)]
-  load_script("round_cost.py", "round_cost_script").main(
-      ["--tiny", "--ks", ks, "--repeats", "1", "--max-new-tokens", "8", "--ar-chunk", "1", *chunk,
-       "--json-out", str(out)])
+  r = run_script("round_cost.py", "--tiny", "--ks", ks, "--repeats", "1", "--max-new-tokens", "8", "--ar-chunk", "1",
+                 *chunk, "--json-out", str(out))
+  assert r.returncode == 0, r.stderr[-2000:]
   rep = json.loads(out.read_text())
   assert sorted(rep) == ["ar"] + [f"sd{k}" for k in ks.split(",")]
   for mode, r in rep.items():
@@ -139,15 +139,13 @@ def test_round_cost_script_times_each_modes_own_loop(tmp_path, sd_chunk):
 
 
 def test_round_cost_script_refuses_rounds_it_did_not_time(monkeypatch):
-  """A run whose rounds go through neither timed loop stops round_cost.py instead of reporting the figures left
-  from the run before."""
+  """A run whose rounds go through neither timed loop stops round_cost.py (its loop timing: bench/loop_cost.py)
+  instead of reporting the figures left from the run before."""
   from types import SimpleNamespace
 
-  from script_modules import load_script
-
+  from ssd_jax.bench import loop_cost
   from ssd_jax.decode import rounds
-  script = load_script("round_cost.py", "round_cost_script")
   monkeypatch.setattr(rounds, "generate", lambda *args: None)
   box = dict(loop="rounds", cpu=1.0, main=1.0, wall=1.0)
   with pytest.raises(RuntimeError, match="ran outside rounds._rounds and sd_chunk.Chunks.run"):
-    script._timed_run(SimpleNamespace(draft=None), [1, 2], None, box)
+    loop_cost.timed_run(SimpleNamespace(draft=None), [1, 2], None, box)

@@ -18,7 +18,7 @@ import warnings
 
 import openai
 import pytest
-from script_modules import script_path
+from commands import script_path
 
 from ssd_jax.models.tokenizer import TextTokenizer, byte_level_tokenizer
 from ssd_jax.serve.app import create_app, make_server, model_id

@@ -23,6 +23,7 @@ import argparse
 import json
 import time
 
+from ssd_jax.bench.loop_cost import loop_costs
 from ssd_jax.cli_util import fail, run_main
 
 PROMPTS = ("Write a Python function that returns the n-th Fibonacci number.",
@@ -42,63 +43,6 @@ def parse_args(argv=None):
   p.add_argument("--tiny", action="store_true", help="the tiny random pair (smoke runs, tests)")
   p.add_argument("--json-out")
   return p.parse_args(argv)
-
-
-def _timed(loop, name: str, box: dict):
-  """Returns a stand-in for the round loop `loop` that records its name and its process, main-thread and wall
-  seconds in `box`."""
-  def timed(*args):
-    c, m, w = time.process_time(), time.thread_time(), time.perf_counter()
-    out = loop(*args)
-    box.update(loop=name, cpu=time.process_time() - c, main=time.thread_time() - m, wall=time.perf_counter() - w)
-    return out
-  return timed
-
-
-def _timed_run(dec, prompt, opts, box: dict):
-  """Returns rounds.generate's result for `prompt`, `box` holding what its round loop cost; raises if no timed loop
-  ran (a new loop in rounds.generate would otherwise leave the figures of the previous run in `box`)."""
-  from ssd_jax.decode import rounds
-  box.clear()
-  r = rounds.generate(dec, dec.draft, [prompt], opts)
-  if "loop" not in box:
-    raise RuntimeError("the rounds ran outside rounds._rounds and sd_chunk.Chunks.run, the two loops this script times")
-  return r
-
-
-def loop_costs(decoders: dict, prompts, opts, repeats: int) -> dict:
-  """Returns per mode the loop's figures (module docstring), from `repeats` interleaved passes over the prompts."""
-  from ssd_jax.decode import rounds, sd_chunk
-  box, text = {}, {}
-  acc = {m: dict(cpu=0.0, main=0.0, wall=0.0, rounds=0, calls=0, tokens=0, loops=set()) for m in decoders}
-  plain, chunked = rounds._rounds, sd_chunk.Chunks.run
-  rounds._rounds, sd_chunk.Chunks.run = _timed(plain, "rounds", box), _timed(chunked, "sd_chunk", box)
-  try:
-    for rep in range(repeats + 1):  # pass 0 warms up and checks the text
-      for mode, dec in decoders.items():
-        for p in prompts:
-          r = _timed_run(dec, p, opts, box)
-          if rep == 0:
-            text.setdefault(mode, []).append(r.book.out[0])
-            continue
-          a = acc[mode]
-          for key in ("cpu", "main", "wall"):
-            a[key] += box[key]
-          a["loops"].add(box["loop"])
-          a["rounds"] += r.timing["rounds"]
-          a["calls"] += r.timing.get("calls", r.timing["rounds"])  # rounds._rounds: a call a round
-          a["tokens"] += len(r.book.out[0]) - 1  # the first token comes from the prefill
-  finally:
-    rounds._rounds, sd_chunk.Chunks.run = plain, chunked
-  if any(t != text["ar"] for t in text.values()):
-    raise ValueError("greedy SD's text differs from AR's")
-  out = {m: dict(loop="+".join(sorted(a["loops"])), tok_s=round(a["tokens"] / a["wall"], 2),
-                 cpu_us_token=round(a["cpu"] / a["tokens"] * 1e6), main_us_round=round(a["main"] / a["rounds"] * 1e6),
-                 tokens_per_round=round(a["tokens"] / a["rounds"], 3),
-                 tokens_per_call=round(a["tokens"] / a["calls"], 3)) for m, a in acc.items()}
-  for m in out:
-    out[m]["x_ar_cpu"] = round(out["ar"]["cpu_us_token"] / out[m]["cpu_us_token"], 3)
-  return out
 
 
 def _cpu_us(fn, reps: int = 20) -> float:

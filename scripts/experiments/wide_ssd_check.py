@@ -21,6 +21,10 @@ import tempfile
 from ssd_jax.cli_util import run_main, split_cpu
 
 PROMPTS = [[128000, 791, 6864, 315, 9822, 374], [128000, 8144, 264, 6835, 922], [128000, 16, 11, 220, 17, 11, 220, 18]]
+# --tiny: the same flow at widths that run in seconds (tests/test_wide_ssd_check.py), the draft half as wide.
+TINY = dict(d_model=64, ffn_dim=128, n_heads=8, n_kv_heads=4, head_dim=8, vocab_size=384)
+TINY_DRAFT = dict(TINY, d_model=32, ffn_dim=64)
+TINY_PROMPTS = [[1, 5, 9, 200], [7, 3], [300, 2, 2, 2, 11]]
 
 
 def peak_gb() -> float:
@@ -102,6 +106,8 @@ def main(argv=None) -> int:
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--new-tokens", type=int, default=8)
   ap.add_argument("--dir", help="where to write the models (default: a temporary directory; removed after)")
+  ap.add_argument("--tiny", action="store_true", help="tiny widths (d_model 64, a vocabulary of 384): the flow in "
+                  "seconds (tests)")
   ap.add_argument("--json-out")
   args = ap.parse_args(argv)
   split_cpu(5)
@@ -111,10 +117,10 @@ def main(argv=None) -> int:
     tdir, ddir = os.path.join(d, "target"), os.path.join(d, "draft")
     os.makedirs(tdir)
     os.makedirs(ddir)
-    n = write_random_hf(tdir, named_config(args.target, n_layers=args.layers), seed=0)
-    write_random_hf(ddir, named_config(args.draft, n_layers=args.layers), seed=1)
+    n = write_random_hf(tdir, named_config(args.target, n_layers=args.layers, **(TINY if args.tiny else {})), seed=0)
+    write_random_hf(ddir, named_config(args.draft, n_layers=args.layers, **(TINY_DRAFT if args.tiny else {})), seed=1)
     print(f"wrote {args.target} and {args.draft} at {args.layers} layers (random bfloat16) under {d}", flush=True)
-    out = decode_check(tdir, ddir, PROMPTS, args.new_tokens)
+    out = decode_check(tdir, ddir, TINY_PROMPTS if args.tiny else PROMPTS, args.new_tokens)
   ok = report(out, n)
   if args.json_out:
     with open(args.json_out, "w") as f:
