@@ -176,6 +176,7 @@ def gguf_pair():
   return pipe, dcfg, dparams
 
 
+@pytest.mark.slow  # test_draft_weights' real Q8_0 draft test proves the same on the default pair
 def test_greedy_sd_and_ssd_equal_ar_with_gguf_weights(gguf_pair):
   """The SmolLM2 target in its own blocks: verify rows (the block kernel, several rows) give what AR rows give."""
   from ssd_jax.decode import ARDecoder, DecodeOptions, SDDecoder, SpecOptions, SSDDecoder

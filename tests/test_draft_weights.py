@@ -116,6 +116,7 @@ def test_greedy_sd_and_ssd_equal_ar_with_the_real_q8_0_draft():
     assert [g.token_ids for g in pipe.generate(prompts, mode=mode, k=k, max_new_tokens=16)] == want, mode
 
 
+@pytest.mark.slow  # an experiment's figures (scripts/experiments/draft_cost.py)
 def test_draft_cost_script_times_every_call_of_each_format(tmp_path):
   """scripts/experiments/draft_cost.py on the tiny pair's drafts, run as a command."""
   out = tmp_path / "cost.json"

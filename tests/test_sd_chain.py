@@ -110,7 +110,8 @@ def test_a_round_places_nothing_from_the_host(sd_pair, monkeypatch):
   assert host_puts == []
 
 
-@pytest.mark.parametrize("sd_chunk", [None, 1], ids=["chunks", "unfused"])
+# In chunks (the default) is the loop its timings once missed; unfused repeats the rounds loop other tests time.
+@pytest.mark.parametrize("sd_chunk", [None, pytest.param(1, marks=pytest.mark.slow)], ids=["chunks", "unfused"])
 def test_round_cost_script_times_each_modes_own_loop(tmp_path, sd_chunk):
   """scripts/experiments/round_cost.py on the tiny pair, run as a command: each mode's loop figures come from the loop
   that mode runs (SD in chunks by default: sd_chunk.Chunks.run, not rounds._rounds, whose timings were once reported
