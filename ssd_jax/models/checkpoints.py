@@ -211,12 +211,18 @@ def target_dir() -> str:
 
 def ensure_target(progress: bool = True) -> str:
   """Returns the directory of the converted SmolLM2 target, converting the GGUF on first use."""
+  from ..data.wheel_data import file_lock
+
   out = target_dir()
-  if os.path.exists(os.path.join(out, "config.json")) and os.path.exists(os.path.join(out, "tokenizer.json")):
+  done = lambda: all(os.path.exists(os.path.join(out, f)) for f in ("config.json", "tokenizer.json", "extra.json"))  # noqa: E731
+  if done():
     return out
   gguf_path = locate_smollm2_gguf()
-  _log(f"first use: converting {gguf_path} (dequantize, un-permute q/k, save as Orbax); this takes ~20 s once")
-  convert_gguf(gguf_path, out, progress=progress)
+  with file_lock(out + ".lock"):
+    if done():  # another process converted it while this one waited
+      return out
+    _log(f"first use: converting {gguf_path} (dequantize, un-permute q/k, save as Orbax); this takes ~20 s once")
+    convert_gguf(gguf_path, out, progress=progress)
   return out
 
 
