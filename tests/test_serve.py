@@ -18,7 +18,7 @@ import warnings
 
 import openai
 import pytest
-from commands import script_path
+from commands import run_script, script_path
 
 from ssd_jax.models.tokenizer import TextTokenizer, byte_level_tokenizer
 from ssd_jax.serve.app import create_app, make_server, model_id
@@ -113,30 +113,30 @@ def test_chat_streamed_and_not_is_the_models_own_template(real):
 
 
 @pytest.mark.slow
-def test_eight_concurrent_streams_share_batches_and_keep_their_solo_answers(real):
-  """8 streaming chat clients at once, with max_tokens 6 and 10 alternating: every one completes with its answer
-  alone (a row cut at its own max_tokens), and the server ran some of them in one batch."""
+def test_sixteen_concurrent_streams_share_batches_and_keep_their_solo_answers(real):
+  """16 streaming chat clients at once (each prompt twice, with max_tokens 6 and 10), twice the engine's max_batch:
+  every one completes with its answer alone (a row cut at its own max_tokens), and the server ran some of them in
+  one batch."""
   pipe, client, _ = real
-  sizes = [6 if i % 2 else 10 for i in range(len(PROMPTS))]
-  want = {p: g.text for n in (6, 10) for p, g in zip([p for p, s in zip(PROMPTS, sizes) if s == n],
-                                                     _alone(pipe, [p for p, s in zip(PROMPTS, sizes) if s == n], n))}
+  asks = [(p, n) for n in (6, 10) for p in PROMPTS]
+  want = {(p, n): g.text for n in (6, 10) for p, g in zip(PROMPTS, _alone(pipe, PROMPTS, n))}
   got, rows, errors = {}, [], []
 
   def ask(prompt, n):
     try:
       chunks = list(client.chat.completions.create(model=model_id(pipe), max_tokens=n, temperature=0, stream=True,
                                                    messages=[{"role": "user", "content": prompt}]))
-      got[prompt] = "".join(c.choices[0].delta.content or "" for c in chunks)
+      got[prompt, n] = "".join(c.choices[0].delta.content or "" for c in chunks)
       rows.append(chunks[-1].model_extra["ssd_jax"]["batch_rows"])
     except Exception as e:  # noqa: BLE001 -- reported below
       errors.append(repr(e))
 
-  threads = [threading.Thread(target=ask, args=(p, n)) for p, n in zip(PROMPTS, sizes)]
+  threads = [threading.Thread(target=ask, args=a) for a in asks]
   for t in threads:
     t.start()
   for t in threads:
     t.join(300)
-  assert errors == [] and got == want
+  assert errors == [] and len(got) == 16 and got == want
   assert max(rows) > 1, rows
 
 
@@ -335,3 +335,28 @@ def test_a_lost_draft_process_is_one_log_line_and_the_server_goes_on(caplog):
   lost = [r.getMessage() for r in caplog.records if "draft side was lost" in r.getMessage()]
   assert len(lost) == 1 and "\n" not in lost[0] and "exited" in lost[0], lost
   assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_serve_bench_measures_each_level_beside_decode_py(tmp_path):
+  """scripts/serve_bench.py starts the server (the real target, AR: --draft none), runs 1 and then 3 clients at once
+  and decode.py's batches of the same sizes: every request answered, latencies in order (first token before the
+  end), tokens counted from the usage, and each figure in its JSON and table."""
+  out = tmp_path / "out"
+  r = run_script("serve_bench.py", "--concurrency", "1,3", "--requests", "3", "--max-tokens", "4", "--datasets",
+                 "gsm8k", "--num-prompts", "2", "--server-args", "--draft none", "--out-dir", str(out), timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  levels = json.loads((out / "serve_bench.json").read_text())["levels"]
+  assert [lv["concurrency"] for lv in levels] == [1, 3] and [lv["requests"] for lv in levels] == [3, 3]
+  for lv in levels:
+    assert lv["errors"] == [] and 3 <= lv["completion_tokens"] <= 12 and lv["tok_s"] > 0 and lv["decode_tok_s"] > 0
+    assert 0 < lv["ttft_ms"][0] <= lv["ttft_ms"][1] and lv["ttft_ms"][0] <= lv["e2e_ms"][0] <= lv["e2e_ms"][1]
+    assert lv["modes"] == ["ar K=0"]
+  assert levels[0]["mean_batch_rows"] == 1 and levels[1]["mean_batch_rows"] > 1  # three clients shared batches
+  table = (out / "serve_bench.md").read_text()
+  assert table.count("\n| 1 | 3 |") == 1 and table.count("\n| 3 | 3 |") == 1
+
+
+def test_serve_bench_refuses_bad_levels_in_one_line():
+  r = run_script("serve_bench.py", "--concurrency", "2,x", timeout=120)
+  assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+      "serve_bench.py: error: --concurrency takes comma-separated integers, got '2,x'"]
