@@ -6,7 +6,9 @@
   python scripts/serve_bench.py --server-args "--draft none --max-batch 4"
 
 For each concurrency level C, C clients (threads) each send a streaming chat completion, wait for its end and send the
-next, until --requests requests are answered (or --time-limit seconds pass: no new request starts after it). Prompts
+next, until --requests requests are answered (or --time-limit seconds pass: no new request starts after it), after
+an unmeasured warm-up in which the same clients send every prompt once (the server compiles each new batch shape on
+first use: seconds each). Prompts
 come from --datasets (MT-Bench and GSM8K by default; never the held-out sets) or --prompts FILE.jsonl, in turn.
 Per request: time to first token (TTFT, from sending to the first text), inter-token latency (ITL, the mean gap
 between its tokens after the first: (end - first text) / (tokens - 1)) and end-to-end latency; per level:
@@ -271,6 +273,9 @@ def plot(levels: list[dict], path: str) -> str | None:
     b.plot(cs, [lv[key][0] for lv in levels], style, label=label)
   b.set(xlabel="concurrent clients", ylabel="ms", xscale="log", yscale="log", title="latency")
   b.legend()
+  for ax in (a, b):  # the levels themselves as ticks, in plain numbers
+    ax.set_xticks(cs, [str(c) for c in cs])
+    ax.minorticks_off()
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   return path
@@ -290,9 +295,10 @@ def main(argv=None) -> int:
     for c in args.levels:
       n = max(args.requests, c)
       print(f"[serve_bench] {c} clients, {n} requests", file=sys.stderr, flush=True)
-      # Warm-up: 2c requests by the same c clients, so that the batch shapes the level runs (a batch takes whoever
-      # waits when it starts) are mostly compiled before its clock; a shape first seen later shows in its p90.
-      run_level(url, model, prompts, c, 2 * c, args.time_limit, args.max_tokens, args.temperature)
+      # Warm-up, off the clock: every prompt once (at least 2c requests) by the same c clients, so that the batch
+      # shapes the level runs (its rows, its prompts' padded width) are mostly compiled; a shape first seen later
+      # (a batch is whoever waits when it starts) compiles on the clock and shows in the p90s.
+      run_level(url, model, prompts, c, max(2 * c, len(prompts)), args.time_limit, args.max_tokens, args.temperature)
       levels.append(run_level(url, model, prompts, c, n, args.time_limit, args.max_tokens, args.temperature))
   finally:
     if proc is not None:
