@@ -129,13 +129,17 @@ class Pipeline:
     return on_ids
 
   def mode_and_placement(self) -> tuple[str, str]:
-    """Returns (default mode, SSD placement in use): `ssd_placement` with 'auto' resolved (defaults.resolve)."""
-    return defaults.resolve(self.draft is not None, self.placement, self.ssd_placement)
+    """Returns (default mode, SSD placement in use): `ssd_placement` with 'auto' resolved (defaults.resolve); the
+    default mode is the fastest this machine measured for this pair (`bench.py --calibrate`) where it was."""
+    costs = auto_k.load_costs(self.step_costs_path()) if self.draft is not None else None
+    return defaults.resolve(self.draft is not None, self.placement, self.ssd_placement,
+                            costs.modes_tok_s if costs is not None else None)
 
   @property
   def default_mode(self) -> str:
-    """What generate() runs when no mode is given: the fastest mode measured on this backend, AR where none was
-    and without a draft (defaults.default_mode). With the shipped draft that is SD on a CPU."""
+    """What generate() runs when no mode is given: the fastest mode this machine measured (`bench.py --calibrate`),
+    else the fastest measured on this backend, AR where none was and without a draft (defaults.default_mode). With
+    the shipped draft and no calibration that is SD on a CPU."""
     return self.mode_and_placement()[0]
 
   def spec_options(self, spec: SpecOptions | None = None, **settings) -> SpecOptions:

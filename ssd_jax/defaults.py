@@ -40,19 +40,25 @@ def auto_ssd_placement(backend: str, target_devices: int, multi_process: bool, c
 FASTEST_MEASURED = {"cpu": "sd"}
 
 
-def default_mode(has_draft: bool, backend: str, draft_has_own_hardware: bool) -> str:
-  """Returns the mode a run without --mode gets: the fastest measured on this backend (`FASTEST_MEASURED`; 'ar'
-  where none is), 'ar' without a draft, and 'sd' for 'ssd' when the draft has no hardware of its own (SSD's overlap
-  would have nothing to run on)."""
+def default_mode(has_draft: bool, backend: str, draft_has_own_hardware: bool, measured: dict | None = None) -> str:
+  """Returns the mode a run without --mode gets: 'ar' without a draft; else the fastest this machine measured
+  (`measured`: tokens a second by mode, `bench.py --calibrate`'s real decodes at batch 1, AR among them), SSD only
+  where the draft has hardware of its own (SSD's overlap would have nothing else to run on); without such a
+  measurement the fastest measured on this backend (`FASTEST_MEASURED`; 'ar' where none is), 'sd' for 'ssd' without
+  hardware of the draft's own."""
   if not has_draft:
     return "ar"
+  if measured and "ar" in measured:
+    allowed = [m for m in ("ar", "sd", "ssd") if m in measured and (m != "ssd" or draft_has_own_hardware)]
+    return max(allowed, key=lambda m: measured[m])
   mode = FASTEST_MEASURED.get(backend, "ar")
   return "sd" if mode == "ssd" and not draft_has_own_hardware else mode
 
 
-def resolve(has_draft: bool, placement, ssd_placement: str = "auto") -> tuple[str, str]:
+def resolve(has_draft: bool, placement, ssd_placement: str = "auto", measured: dict | None = None) -> tuple[str, str]:
   """Returns (default mode, SSD placement) for a target/draft `placement` (sharding.Placement), 'auto' resolved;
-  `ssd_placement` is one of SSD_PLACEMENTS (checked where it was given: settings.LoadSettings).
+  `ssd_placement` is one of SSD_PLACEMENTS (checked where it was given: settings.LoadSettings); `measured`: this
+  machine's tokens a second by mode, if calibrated (default_mode).
 
   The draft has hardware of its own in the 'processes' placement, or on an accelerator when its device is not one of
   the target's; in-process CPU devices share one thread pool, so they never count.
@@ -63,6 +69,12 @@ def resolve(has_draft: bool, placement, ssd_placement: str = "auto") -> tuple[st
   where = ssd_placement
   if where == "auto":
     where = auto_ssd_placement(backend, placement.tp, jax.process_count() > 1, usable_cores())
-  own = where == "processes" or (backend != "cpu"
-                                 and placement.draft_device not in list(placement.target_mesh.devices.flat))
-  return default_mode(has_draft, backend, own), where
+  return default_mode(has_draft, backend, draft_has_own_hardware(placement, where), measured), where
+
+
+def draft_has_own_hardware(placement, where: str) -> bool:
+  """Whether SSD's draft runs on hardware of its own with the SSD placement `where` ('devices' or 'processes')."""
+  import jax
+
+  return where == "processes" or (jax.default_backend() != "cpu"
+                                  and placement.draft_device not in list(placement.target_mesh.devices.flat))

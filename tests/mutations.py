@@ -407,4 +407,8 @@ MUTATIONS = [
              "    set_process_affinity(self.target_cores)\n", "",
              ("tests/test_threads.py::test_split_placement_keeps_each_sides_threads_on_its_cores",),
              "SSD's split placement leaves the target's threads free to run on the draft's cores"),
+    Mutation("default_mode_ssd_without_hardware_of_its_own", "ssd_jax/defaults.py",
+             "if m in measured and (m != \"ssd\" or draft_has_own_hardware)]", "if m in measured]",
+             ("tests/test_cli.py::test_the_default_mode_is_the_fastest_this_machine_measured",),
+             "a machine where SSD measured fastest defaults to SSD even where its draft shares the target's hardware"),
 ]

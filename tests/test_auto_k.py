@@ -236,6 +236,26 @@ def test_measure_host_subtracts_the_compiled_steps_from_real_decodes():
     step_cost.measure_host(table, lambda mode: (0.1, 1, 1), prefix=64, repeats=1, log=lambda m: None)
 
 
+def test_measure_host_times_each_mode_asked_and_the_table_keeps_their_speeds():
+  """With SSD among the modes, each mode is decoded alike (interleaved, one warm-up each) and its median tokens a
+  second goes into modes_tok_s (what the default mode is chosen by), which survives the JSON cache."""
+  table = auto_k.CostTable((auto_k.StepCosts({1: 7.0}, {1: {2: 8.5}}, {1: 0.8}, prefix=64),))
+  secs = {"ar": [9.0, 0.40, 0.50, 0.45], "sd": [9.0, 0.30, 0.32, 0.31], "ssd": [9.0, 0.25, 0.20, 0.24]}
+  calls = []
+
+  def decode(mode):
+    calls.append(mode)
+    return secs[mode][calls.count(mode) - 1], 48, 48 if mode == "ar" else 31
+
+  out = step_cost.measure_host(table, decode, prefix=64, repeats=3, log=lambda m: None, modes=("ar", "sd", "ssd"))
+  assert calls == ["ar", "sd", "ssd"] * 4
+  assert out.modes_tok_s == pytest.approx({"ar": 48 / 0.45, "sd": 48 / 0.31, "ssd": 48 / 0.24}, abs=0.01)
+  assert auto_k.CostTable.from_json(out.to_json()) == out
+  calls.clear()
+  assert step_cost.measure_host(table, decode, prefix=64, repeats=1, log=lambda m: None).modes_tok_s.keys() == {
+      "ar", "sd"}
+
+
 def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monkeypatch):
   """bench.py's host decoder on the tiny pair: AR and SD at K=1 decode the fixed prompt, and the loop's time per AR
   token and SD round comes out finite and smaller than a whole token's or round's time."""

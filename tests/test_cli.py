@@ -203,6 +203,31 @@ def test_auto_placement_and_default_mode(monkeypatch):
   assert pipe.default_mode == "ar"
 
 
+def test_the_default_mode_is_the_fastest_this_machine_measured(tmp_path, monkeypatch):
+  """Calibrated (bench.py --calibrate's speeds by mode at batch 1), a run without a mode gets the fastest of AR, SD
+  and SSD, SSD only where the draft has hardware of its own; never slower than AR; uncalibrated, the backend's table."""
+  from ssd_jax import api, defaults
+  from ssd_jax.decode import auto_k
+  mode, fast = defaults.default_mode, {"ar": 80.0, "sd": 95.0, "ssd": 101.0}
+  assert mode(True, "cpu", True, fast) == "ssd" and mode(True, "cpu", False, fast) == "sd"
+  assert mode(True, "tpu", True, {"ar": 50.0, "sd": 45.0, "ssd": 49.0}) == "ar"
+  assert mode(True, "cpu", True, {"ar": 50.0, "sd": 55.0}) == "sd"  # SSD not measured: not chosen
+  assert mode(True, "tpu", True, {"sd": 90.0, "ssd": 99.0}) == "ar"  # no AR figure to beat: the table's (none)
+  assert mode(False, "cpu", True, fast) == "ar"
+  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
+  monkeypatch.setitem(defaults.FASTEST_MEASURED, "cpu", "sd")
+  monkeypatch.setattr(defaults, "usable_cores", lambda: 2)
+  pipe = api.load_tiny()
+  assert pipe.mode_and_placement() == ("sd", "processes")  # not calibrated here
+  table = auto_k.CostTable((auto_k.StepCosts({1: 7.0}, {1: {2: 8.0}}, {1: 0.8}, prefix=64),), modes_tok_s=fast)
+  os.makedirs(os.path.dirname(pipe.step_costs_path()), exist_ok=True)
+  with open(pipe.step_costs_path(), "w") as f:
+    f.write(table.to_json())
+  assert pipe.mode_and_placement() == ("ssd", "processes")
+  monkeypatch.setattr(defaults, "usable_cores", lambda: 1)
+  assert pipe.mode_and_placement() == ("sd", "devices")  # one core: SSD's draft has nothing of its own
+
+
 _COMPILE = ("from ssd_jax.cli_util import compile_cache; d = compile_cache(); import jax, jax.numpy as jnp; "
             "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready(); print(d)")
 

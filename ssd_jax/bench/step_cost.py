@@ -137,25 +137,31 @@ def measure(target, draft, batches=auto_k.BATCHES, k_max: int = auto_k.K_MAX, re
                                for p in prefixes))
 
 
-def measure_host(costs: auto_k.CostTable, decode, prefix: float, repeats: int = 3, log=print) -> auto_k.CostTable:
-  """Returns `costs` with host_ms: the decode loop's own time at batch 1, from real decodes beside the compiled steps.
+def measure_host(costs: auto_k.CostTable, decode, prefix: float, repeats: int = 3, log=print,
+                 modes: tuple = ("ar", "sd")) -> auto_k.CostTable:
+  """Returns `costs` with host_ms, the decode loop's own time at batch 1, from real decodes beside the compiled
+  steps, and modes_tok_s, each mode's tokens a second in those decodes.
 
-  `decode(mode)` runs one greedy batch-1 decode ("ar", or "sd" at K=1) and returns (its decode seconds, new tokens,
-  target forwards with the prefill); `prefix`: the cached tokens its steps see on average. An AR token costs the
-  decode's seconds over its tokens after the first, less the AR step; an SD round the seconds over its verifies, less
-  a 2-token verify and a draft step (all read at `prefix`). Each mode is decoded once to warm up, then `repeats`
-  times, interleaved; medians."""
+  `decode(mode)` runs one greedy batch-1 decode (`modes`: "ar", "sd" at K=1 and, where the draft has hardware of its
+  own, "ssd" at K=1) and returns (its decode seconds, new tokens, target forwards with the prefill); `prefix`: the
+  cached tokens its steps see on average. An AR token costs the decode's seconds over its tokens after the first,
+  less the AR step; an SD round the seconds over its verifies, less a 2-token verify and a draft step (all read at
+  `prefix`). Each mode is decoded once to warm up, then `repeats` times, interleaved; medians."""
   ar, verify, draft = costs.at(1, prefix)
-  per = {"ar": [], "sd": []}
+  per = {m: [] for m in modes}
+  speed = {m: [] for m in modes}
   for i in range(repeats + 1):
     for mode in per:
       seconds, new, forwards = decode(mode)
       steps = new - 1 if mode == "ar" else forwards - 1  # AR's first token comes from the prefill
       if i and steps > 0:
         per[mode].append(seconds * 1e3 / steps)
+        speed[mode].append(new / seconds)
   if not per["ar"] or not per["sd"]:
     raise ValueError("the host-time decodes made no steps: give them more new tokens")
   host = {"ar": float(np.median(per["ar"])) - ar, "round": float(np.median(per["sd"])) - verify[2] - draft}
+  tok_s = {m: round(float(np.median(v)), 2) for m, v in speed.items() if v}
   log(f"[calibrate] loop time beyond the compiled steps (batch 1, prefix {prefix:g}): AR {host['ar']:.2f} ms a "
-      f"token, SD {host['round']:.2f} ms a round")
-  return dataclasses.replace(costs, host_ms=host)
+      f"token, SD {host['round']:.2f} ms a round; tokens a second: "
+      + ", ".join(f"{m.upper()} {v:.1f}" for m, v in tok_s.items()))
+  return dataclasses.replace(costs, host_ms=host, modes_tok_s=tok_s)

@@ -15,9 +15,12 @@ from .bench_runs import load_pipe
 
 
 def calibrate(args, modes) -> int:
-  """--calibrate: measures the step costs k='auto' chooses K from (after auto_k.PREFIXES cached tokens), caches them
-  for this machine and pair, and prints the K each batch size then gets and the speedups the model expects at a
-  run of --max-new-tokens after 150-token prompts."""
+  """--calibrate: measures the step costs k='auto' chooses K from (after auto_k.PREFIXES cached tokens) and, in real
+  decodes at batch 1, the loop's own time and each mode's speed (the default mode here is then the fastest: AR, SD,
+  or SSD where the draft has hardware of its own), caches them for this machine and pair, and prints the default
+  mode, the K each batch size then gets and the speedups the model expects at a run of --max-new-tokens after
+  150-token prompts."""
+  from .. import defaults
   from ..bench import step_cost
   from ..decode import auto_k
   from ..models.kv_cache import cache_dtype
@@ -27,14 +30,19 @@ def calibrate(args, modes) -> int:
                             log=lambda m: print(m, flush=True))
   costs = dataclasses.replace(costs, about=f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, "
                               f"{pipe.target.cfg.name} ({pipe.weights}) + {pipe.draft.cfg.name}")
+  # AR, SD and (where the draft has hardware of its own) SSD decoded alike: their speeds choose the default mode.
+  own = defaults.draft_has_own_hardware(pipe.placement, pipe.mode_and_placement()[1])
   costs = step_cost.measure_host(costs, host_decoder(pipe, HOST_NEW_TOKENS), auto_k.run_prefix(
-      [len(host_prompt(pipe))], HOST_NEW_TOKENS), log=lambda m: print(m, flush=True))
+      [len(host_prompt(pipe))], HOST_NEW_TOKENS), log=lambda m: print(m, flush=True),
+      modes=("ar", "sd", "ssd") if own else ("ar", "sd"))
   path = pipe.step_costs_path()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     f.write(costs.to_json())
   a = pipe.auto_k_inputs(args.temperature)[1]
   prefix = auto_k.run_prefix([150], args.max_new_tokens)
+  print(f"the default mode here is now {pipe.default_mode} (the fastest of "
+        + ", ".join(f"{m.upper()} {v:.1f}" for m, v in costs.modes_tok_s.items()) + " tok/s at batch 1, K=1)")
   print(f"step costs written to {path}; acceptance a = {a:.3f} at temperature {args.temperature:g}; "
         f"at {prefix:g} cached tokens (150-token prompts, {args.max_new_tokens} new):")
   for b in auto_k.BATCHES:
@@ -56,7 +64,7 @@ def host_prompt(pipe) -> list[int]:
 
 def host_decoder(pipe, new_tokens: int):
   """Returns decode(mode) -> (decode seconds, new tokens, target forwards) of host_prompt at batch 1, greedy, EOS
-  ignored: AR, or SD at K=1 (auto_k.measure_host)."""
+  ignored: AR, or SD or SSD at K=1 (step_cost.measure_host)."""
   ids = [host_prompt(pipe)]
 
   def decode(mode):

@@ -85,6 +85,9 @@ class CostTable:
   # The decode loop's time beyond the compiled steps, measured in real decodes at batch 1 (bench/step_cost.measure_host): {"ar": ms a
   # token beyond an AR step, "round": ms an SD round beyond its verify and draft steps}; None: ROUND_OVERHEAD instead.
   host_ms: dict | None = None
+  # Tokens a second each mode measured in the same real decodes at batch 1, K=1 ({"ar", "sd"[, "ssd"]}: SSD where the
+  # draft has hardware of its own): the default mode on this machine is the fastest of them (defaults.default_mode).
+  modes_tok_s: dict | None = None
 
   def __post_init__(self):
     if not self.tables:
@@ -93,7 +96,7 @@ class CostTable:
 
   def to_json(self) -> str:
     return json.dumps({"about": self.about, "tables": [dataclasses.asdict(t) for t in self.tables],
-                       "host_ms": self.host_ms}, indent=1, sort_keys=True)
+                       "host_ms": self.host_ms, "modes_tok_s": self.modes_tok_s}, indent=1, sort_keys=True)
 
   @classmethod
   def from_json(cls, text: str) -> "CostTable":
@@ -104,7 +107,9 @@ class CostTable:
       return cls((one,), one.about)
     host = d.get("host_ms")
     host = {name: float(host[name]) for name in ("ar", "round")} if host else None
-    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host)
+    modes = d.get("modes_tok_s")
+    modes = {str(m): float(v) for m, v in modes.items()} if modes else None
+    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host, modes)
 
   def at(self, batch: int, prefix: float | None = None) -> tuple[float, dict, float]:
     """Returns (AR ms, {T: verify ms}, draft ms) at `batch` after `prefix` cached tokens (None: DEFAULT_PREFIX):
