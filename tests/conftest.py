@@ -8,6 +8,11 @@ import pytest
 # default, 240 s at -O0). Scripts the tests start inherit it; a user's runs keep XLA's default. Set XLA_FLAGS to choose
 # otherwise.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+# This machine's calibration (bench.py --calibrate: K per batch, the default mode) would change what tests without a
+# mode or K run: the suite reads step costs from a folder of its own, empty unless a test writes there.
+if "SSD_JAX_STEP_COSTS" not in os.environ:
+  import tempfile
+  os.environ["SSD_JAX_STEP_COSTS"] = tempfile.mkdtemp(prefix="ssd-jax-test-step-costs-")
 
 
 def pytest_configure(config):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from commands import run_script
 
 from ssd_jax.bench import plan
 from ssd_jax.cli_util import UsageError
@@ -422,3 +423,16 @@ def test_batch_table_sets_the_cost_tables_steps_beside_the_runs():
   table = by_batch.markdown(result).splitlines()
   assert table[0].endswith("| sd's K | model sd/ar | AR step ms: table / run | SD verify ms: table / run |")
   assert table[2].endswith("| 2 | 1.10x | 45.0 / 50.0 | 70.0 / 60.0 |")
+
+
+def test_calibrate_measures_each_mode_and_names_the_default_it_gives(tmp_path):
+  """bench.py --tiny --calibrate, as a user runs it: the step costs and each mode's speed at batch 1 (SSD too, its
+  draft in its own process on two cores) go to the cache, and the default mode it prints is the fastest of them."""
+  env = dict(os.environ, SSD_JAX_STEP_COSTS=str(tmp_path))
+  r = run_script("bench.py", "--tiny", "--calibrate", env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  (path,) = tmp_path.glob("*.json")
+  speeds = json.loads(path.read_text())["modes_tok_s"]
+  want = {"ar", "sd", "ssd"} if len(os.sched_getaffinity(0)) >= 2 else {"ar", "sd"}
+  assert speeds.keys() == want and min(speeds.values()) > 0
+  assert f"the default mode here is now {max(speeds, key=speeds.get)} (" in r.stdout

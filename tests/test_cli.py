@@ -215,6 +215,7 @@ def test_the_default_mode_is_the_fastest_this_machine_measured(tmp_path, monkeyp
   assert mode(True, "tpu", True, {"sd": 90.0, "ssd": 99.0}) == "ar"  # no AR figure to beat: the table's (none)
   assert mode(False, "cpu", True, fast) == "ar"
   monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
+  monkeypatch.setenv("SSD_JAX_STEP_COSTS", str(tmp_path / "step_costs"))
   monkeypatch.setitem(defaults.FASTEST_MEASURED, "cpu", "sd")
   monkeypatch.setattr(defaults, "usable_cores", lambda: 2)
   pipe = api.load_tiny()

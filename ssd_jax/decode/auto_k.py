@@ -207,14 +207,15 @@ def params_format(params) -> str:
 
 def costs_path(*names: str) -> str:
   """Returns the cache file of the step costs for this machine, backend and models (`names`: what identifies them,
-  e.g. their configs and params_format)."""
+  e.g. their configs and params_format): under SSD_JAX_STEP_COSTS if set, else the cache's step_costs/."""
   import jax
 
   from ..kernels.cpu_ffi import _cache_dir, _cpu_signature
 
   key = "\n".join([_cpu_signature(), jax.default_backend(), str(len(os.sched_getaffinity(0))), *names])
   digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-  return os.path.join(os.path.dirname(_cache_dir()), "step_costs", f"{digest}.json")
+  folder = os.environ.get("SSD_JAX_STEP_COSTS") or os.path.join(os.path.dirname(_cache_dir()), "step_costs")
+  return os.path.join(folder, f"{digest}.json")
 
 
 def load_costs(path: str) -> CostTable | None:
