@@ -11,8 +11,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --x
 # This machine's calibration (bench.py --calibrate: K per batch, the default mode) would change what tests without a
 # mode or K run: the suite reads step costs from a folder of its own, empty unless a test writes there.
 if "SSD_JAX_STEP_COSTS" not in os.environ:
+  import atexit
+  import shutil
   import tempfile
   os.environ["SSD_JAX_STEP_COSTS"] = tempfile.mkdtemp(prefix="ssd-jax-test-step-costs-")
+  atexit.register(shutil.rmtree, os.environ["SSD_JAX_STEP_COSTS"], ignore_errors=True)  # the process that made it
 
 
 def pytest_configure(config):
