@@ -135,6 +135,11 @@ class Pipeline:
     return defaults.resolve(self.draft is not None, self.placement, self.ssd_placement,
                             costs.modes_tok_s if costs is not None else None)
 
+  def ssd_placement_in_use(self) -> str:
+    """Returns the SSD placement in use (`ssd_placement`, 'auto' resolved), without reading this machine's measured
+    speeds, which only the default mode needs."""
+    return defaults.resolve(self.draft is not None, self.placement, self.ssd_placement)[1]
+
   @property
   def default_mode(self) -> str:
     """What generate() runs when no mode is given: the fastest mode this machine measured (`bench.py --calibrate`),
@@ -146,7 +151,7 @@ class Pipeline:
     """Returns `spec`, or SpecOptions built from loose settings (k, fan_out, ...; the SSD placement: this pipeline's
     ssd_placement, 'auto' resolved); raises ValueError when given both."""
     if spec is None:
-      return SpecOptions(**{"placement": self.mode_and_placement()[1], **settings})
+      return SpecOptions(**{"placement": self.ssd_placement_in_use(), **settings})
     defaults = {f.name: f.default for f in dataclasses.fields(SpecOptions)}
     defaults["k"] = auto_k.AUTO  # generate()'s default
     if any(value != defaults[name] for name, value in settings.items()):

@@ -85,7 +85,9 @@ class LoadPlan:
   draft_head_vocab: int | None = None
 
   def mode_and_placement(self) -> tuple[str, str]:
-    """Returns (default mode, SSD placement with 'auto' resolved), as the Pipeline will (defaults.resolve)."""
+    """Returns (default mode, SSD placement with 'auto' resolved), as the Pipeline will (defaults.resolve) on a machine
+    without `bench.py --calibrate`'s speeds; with them the Pipeline's default mode may differ (they are keyed by the
+    loaded weights' formats, which a plan does not have yet)."""
     return defaults.resolve(self.draft is not None, self.placement, self.settings.ssd_placement)
 
   def without_draft(self) -> "LoadPlan":

@@ -31,7 +31,7 @@ def calibrate(args, modes) -> int:
   costs = dataclasses.replace(costs, about=f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, "
                               f"{pipe.target.cfg.name} ({pipe.weights}) + {pipe.draft.cfg.name}")
   # AR, SD and (where the draft has hardware of its own) SSD decoded alike: their speeds choose the default mode.
-  own = defaults.draft_has_own_hardware(pipe.placement, pipe.mode_and_placement()[1])
+  own = defaults.draft_has_own_hardware(pipe.placement, pipe.ssd_placement_in_use())
   costs = step_cost.measure_host(costs, host_decoder(pipe, HOST_NEW_TOKENS), auto_k.run_prefix(
       [len(host_prompt(pipe))], HOST_NEW_TOKENS), log=lambda m: print(m, flush=True),
       modes=("ar", "sd", "ssd") if own else ("ar", "sd"))

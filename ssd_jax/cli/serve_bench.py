@@ -8,8 +8,8 @@
 For each concurrency level C, C clients (threads) each send a streaming chat completion, wait for its end and send the
 next, until --requests requests are answered (or --time-limit seconds pass: no new request starts after it), after
 an unmeasured warm-up in which the same clients send every prompt once (the server compiles each new batch shape on
-first use: seconds each). Prompts
-come from --datasets (MT-Bench and GSM8K by default; never the held-out sets) or --prompts FILE.jsonl, in turn.
+first use: seconds each). Prompts come from --datasets (MT-Bench and GSM8K by default; never the held-out sets) or
+--prompts FILE.jsonl, in turn.
 Per request: time to first token (TTFT, from sending to the first text), inter-token latency (ITL, the mean gap
 between its tokens after the first: (end - first text) / (tokens - 1)) and end-to-end latency; per level:
 completion tokens per second of wall time, and their medians and 90th percentiles. Beside each level (unless --url
@@ -66,17 +66,15 @@ def parse_args(argv=None):
       fail(f"--{name.replace('_', '-')} must be >= {lo}")
   if args.time_limit <= 0 or not np.isfinite(args.temperature) or args.temperature < 0:
     fail("--time-limit must be > 0 and --temperature a finite number >= 0")
-  if args.prompts is not None and not os.path.isfile(args.prompts):
-    fail(f"--prompts: no file {args.prompts}")
   return args
 
 
 def load_prompts(args) -> list[str]:
-  if args.prompts:
-    with open(args.prompts, encoding="utf-8") as f:
-      return [json.loads(line)["prompt"] for line in f if line.strip()]
-  from ..data.datasets import DataError, load_prompts as from_set
+  """Returns --prompts' prompts (decode.py's reader and its one-line errors), else --datasets'."""
+  from ..data.datasets import DataError, load_prompt_file, load_prompts as from_set
   try:
+    if args.prompts:
+      return load_prompt_file(args.prompts)
     return [p for name in args.datasets.split(",") for p in from_set(name.strip(), args.num_prompts)]
   except DataError as e:
     fail(str(e))
@@ -100,13 +98,8 @@ def start_server(server_args: str, max_batch: int):
     m = re.search(r"serving .* on (http://\S+)/v1 ", text)
     if m and url is None:
       url = m.group(1)
-    if url is not None:
-      try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
-          if r.status == 200:
-            return proc, url, json.loads(r.read())["data"][0]["id"]
-      except OSError:
-        pass
+    if url is not None and served_model(url, timeout=5) is not None:
+      return proc, url
     if proc.poll() is not None:
       fail(f"the server exited (code {proc.returncode}): {text.strip().splitlines()[-1] if text.strip() else ''}")
     time.sleep(0.2)
@@ -114,12 +107,13 @@ def start_server(server_args: str, max_batch: int):
   fail("the server did not start within 600 s")
 
 
-def model_name(url: str) -> str:
+def served_model(url: str, timeout: float = 10) -> str | None:
+  """Returns the model a server at `url` serves (GET /v1/models), or None when none answers there."""
   try:
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+    with urllib.request.urlopen(url + "/v1/models", timeout=timeout) as r:
       return json.loads(r.read())["data"][0]["id"]
-  except (OSError, ValueError, KeyError, IndexError) as e:
-    fail(f"no server answers at {url}/v1/models ({e})")
+  except (OSError, ValueError, KeyError, IndexError):
+    return None
 
 
 # ------------------------------------------------------------------------------------------------------ the clients
@@ -286,10 +280,13 @@ def main(argv=None) -> int:
   prompts = load_prompts(args)
   proc = None
   if args.url:
-    url, model = args.url.rstrip("/"), model_name(args.url.rstrip("/"))
+    url = args.url.rstrip("/")
   else:
     print(f"[serve_bench] starting scripts/serve.py {args.server_args}".rstrip(), file=sys.stderr, flush=True)
-    proc, url, model = start_server(args.server_args, max(args.levels))
+    proc, url = start_server(args.server_args, max(args.levels))
+  model = served_model(url)
+  if model is None:
+    fail(f"no server answers at {url}/v1/models")
   levels = []
   try:
     for c in args.levels:
