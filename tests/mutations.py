@@ -109,8 +109,8 @@ MUTATIONS = [
              "the chain a chunk drafts after round r's outcome draws with key r, the key of the chain already "
              "verified in round r"),
     Mutation("sd_chunk_commits_the_first_round_n_times", "ssd_jax/decode/sd_chunk.py",
-             "book.commit(acc[i], bonus[i], drafts[i], t1, stream)",
-             "book.commit(acc[0], bonus[0], drafts[0], t1, stream)",
+             "book.commit(acc[i], bonus[i], drafts[i], t1, s.stream)",
+             "book.commit(acc[0], bonus[0], drafts[0], t1, s.stream)",
              (f"{SD_CHUNK}::test_chunks_give_the_unfused_tokens",),
              "the host commits a chunk's first outcome for each of its rounds"),
     Mutation("verify_reads_a_stale_bonus", "ssd_jax/decode/rounds.py",
@@ -237,9 +237,9 @@ MUTATIONS = [
              (SSD + "::test_lookup_serves_each_row_its_own_branch", RAGGED),
              "a cache hit serves each row its own branch's tokens with the q of row 0's branch (branch 0 if row 0 missed)"),
     Mutation("ssd_hit_sends_the_outcome_before_the_next_verify", "ssd_jax/decode/ssd_loop.py",
-             "      bytes_in += got\n",
-             "      bytes_in += got\n      if was_hit:\n        link.send(\"outcome\", outcome)\n"
-             "        _expect(link.receive(), HIT)\n        was_hit = False\n",
+             "    t.bytes_in += got\n",
+             "    t.bytes_in += got\n    if was_hit:\n      link.send(\"outcome\", outcome)\n"
+             "      _expect(link.receive(), HIT)\n      was_hit = False\n",
              ("tests/test_ssd_round_order.py",),
              "on a hit the target sends the outcome to the draft side and waits for its reply before dispatching "
              "the next verify (the host round trip SSD's round must not have)"),
@@ -294,7 +294,8 @@ MUTATIONS = [
              ("tests/test_blocks.py::test_dense_takes_the_kernel_for_few_rows_and_the_portable_path_for_many",),
              "GGUF blocks at exactly ROWS_KERNEL_MAX rows leave the block kernel for the portable path"),
     Mutation("sd_chunk_one_token_late", "ssd_jax/decode/sd_chunk.py",
-             "n = next(s for s in self.sizes if s <= left)", "n = next((s for s in self.sizes if s < left), 1)",
+             "n = next(size for size in self.sizes if size <= left)",
+             "n = next((size for size in self.sizes if size < left), 1)",
              (f"{SD_CHUNK}::test_a_chunk_of_each_size_at_below_and_above_its_bound",),
              "a chunk of s rounds runs only once more than s tokens are left"),
     Mutation("ar_lookahead_ignores_its_chunk", "ssd_jax/decode/base.py",
@@ -367,13 +368,13 @@ MUTATIONS = [
              "q compacted to the draft's head (pipe, served backup) is gathered by head ids narrowed to int16",
              ("real",)),
     # Issue 57: a lost draft side, and the tests strengthened to catch what their names guard against.
-    Mutation("lost_draft_drops_the_verify_in_flight", "ssd_jax/decode/ssd_loop.py",
-             "  if pending is None:\n    return last", "  if True:\n    return last",
+    Mutation("lost_draft_drops_the_verify_in_flight", "ssd_jax/decode/loop.py",
+             "  if s.pending is None:\n    return", "  if True:\n    return",
              ("tests/test_draft_faults.py",),
              "a draft side lost while a verify runs: that verify's outcome is never committed, and the target goes "
              "on alone from the text before it"),
     Mutation("sd_chunks_never_shrink", "ssd_jax/decode/sd_chunk.py",
-             "n = next(s for s in self.sizes if s <= left)", "n = self.sizes[0]",
+             "n = next(size for size in self.sizes if size <= left)", "n = self.sizes[0]",
              (f"{SD_CHUNK}::test_one_call_a_chunk",),
              "SD's chunks keep n rounds to the end instead of n/2, .., 1 when fewer tokens are left"),
     Mutation("sd_fuses_a_draft_that_reads_features", "ssd_jax/decode/sd_chunk.py",

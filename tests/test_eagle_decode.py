@@ -242,3 +242,22 @@ def test_greedy_eagle_rounds_equal_the_teacher_forced_replay(agreeing_pair, mode
       assert e["cache_hit_rate"] == pytest.approx(rep["hits"] / rep["hit_chances"], abs=1e-4)
     total += rep["accepted"]
   assert total >= 10  # the draft agrees often enough for the comparison to mean something
+
+
+def test_sd_not_in_chunks_sizes_both_caches_for_a_round_a_call(pair, monkeypatch):
+  """An EAGLE draft's SD rounds are not fused (it reads the verify's features), so the loop decides a round a call
+  (DecodeOptions.sd_chunk's 8 notwithstanding) and both sides size their caches from that one decision: the draft's
+  cache is the target's size, not one sized for chunks of 8 rounds the run never runs."""
+  import cache_writes
+
+  from ssd_jax.decode.base import cache_slots, run_lookaheads
+  tcfg, tparams, dcfg, dparams = pair
+  last = cache_writes.record_caches(monkeypatch)
+  prompt, new, k = 40, 60, 3  # the text fills 100 of 128 slots: 37 slots for 8 rounds would need 256
+  prompts = np.random.default_rng(0).integers(8, 64, (2, prompt)).tolist()
+  SDDecoder(tcfg, tparams, dcfg, dparams, SpecOptions(k=k)).generate(
+      prompts, DecodeOptions(max_new_tokens=new, ignore_eos=True))
+  slots = {name: c.k[0].shape[1] for (name, _), c in last.items()}
+  ahead = run_lookaheads(k, None, 1)
+  assert slots["verify"] == cache_slots(prompt, new, ahead[0]) == 128
+  assert slots["chain_after"] == cache_slots(prompt, new, ahead[1]) == slots["verify"], slots

@@ -114,8 +114,8 @@ def test_a_round_places_nothing_from_the_host(sd_pair, monkeypatch):
 @pytest.mark.parametrize("sd_chunk", [None, pytest.param(1, marks=pytest.mark.slow)], ids=["chunks", "unfused"])
 def test_round_cost_script_times_each_modes_own_loop(tmp_path, sd_chunk):
   """scripts/experiments/round_cost.py on the tiny pair, run as a command: each mode's loop figures come from the loop
-  that mode runs (SD in chunks by default: sd_chunk.Chunks.run, not rounds._rounds, whose timings were once reported
-  as SD's), its compiled calls, SD's text checked against AR's."""
+  that mode runs (SD in chunks by default: the sd_chunk strategy, not a call a round, whose timings were once
+  reported as SD's), its compiled calls, SD's text checked against AR's."""
   import json
 
   from commands import run_script
@@ -140,7 +140,7 @@ def test_round_cost_script_times_each_modes_own_loop(tmp_path, sd_chunk):
 
 
 def test_round_cost_script_refuses_rounds_it_did_not_time(monkeypatch):
-  """A run whose rounds go through neither timed loop stops round_cost.py (its loop timing: bench/loop_cost.py)
+  """A run whose rounds do not go through the timed loop stops round_cost.py (its loop timing: bench/loop_cost.py)
   instead of reporting the figures left from the run before."""
   from types import SimpleNamespace
 
@@ -148,5 +148,5 @@ def test_round_cost_script_refuses_rounds_it_did_not_time(monkeypatch):
   from ssd_jax.decode import rounds
   monkeypatch.setattr(rounds, "generate", lambda *args: None)
   box = dict(loop="rounds", cpu=1.0, main=1.0, wall=1.0)
-  with pytest.raises(RuntimeError, match="ran outside rounds._rounds and sd_chunk.Chunks.run"):
+  with pytest.raises(RuntimeError, match="ran outside loop.run_rounds"):
     loop_cost.timed_run(SimpleNamespace(draft=None), [1, 2], None, box)

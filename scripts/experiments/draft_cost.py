@@ -116,7 +116,7 @@ def propose_calls(cfg, params, b: int, ks, prefix: int, cache_len: int) -> dict:
     f = getattr(cfg, "feature_dim", None)
     m.prefill(None if f is None else put(jnp.zeros((b, prefix, f), jnp.float32)))
     window, key = np.ones((b, m.window), np.int32), jax.random.key(1)
-    args = (m.params, m.cache, m.hist, put(window), put(lengths), put(key), *m._sampling)
+    args = (m.params, m.cache, m.hist, put(window), put(lengths), put(key), *m.sampling)
     exe = m.run.compile_only(draft_propose, *args, **dict(m.st, k=k, saguaro_top=0))
 
     def direct(m=m, exe=exe, args=args):

@@ -4,9 +4,9 @@
   PYTHONPATH=. taskset -c 0 python scripts/experiments/round_cost.py --ks 1,2 --max-new-tokens 64
 
 Decodes the prompts greedily with AR and SD at each K in turn (interleaved repeats, after a warm-up run that also
-checks SD's text equals AR's), timing each mode's round loop: `rounds._rounds` (AR, and SD at --sd-chunk 1: a target
-call a round) or `sd_chunk.Chunks.run` (SD in chunks, DecodeOptions.sd_chunk's default: n rounds a call); the report's
-`loop` names it, and a run whose rounds went through neither loop stops the script. The loop is timed three ways:
+checks SD's text equals AR's), timing the round loop (loop.run_rounds) with the strategy each mode runs: "rounds"
+(AR, and SD at --sd-chunk 1: a target call a round) or "sd_chunk" (SD in chunks, DecodeOptions.sd_chunk's default: n
+rounds a call); the report's `loop` names it, and a run whose rounds went around the loop stops the script. The loop is timed three ways:
   tok_s          tokens a second (wall clock: only meaningful on a quiet machine)
   cpu_us_token   the process's CPU time per token (all threads: the compiled programs and the host work); on one
                  core this is the cost that matters, and it holds up on a busy machine better than the wall clock
@@ -87,7 +87,7 @@ def compiled_costs(dec, prompt, opts) -> dict:
     side.prefill()
     m = side.model
     m.chain(t.key, tail=(np.ones((1, m.window), np.int32), lengths))  # any tail: the program's cost is the same
-    dargs = [m.params, m.cache, m.hist, *m.tail, rep(jnp.zeros((1, k), jnp.int32)), z, z, off, t.key, *m._sampling]
+    dargs = [m.params, m.cache, m.hist, *m.tail, rep(jnp.zeros((1, k), jnp.int32)), z, z, off, t.key, *m.sampling]
     dexe = m.run.compile_only(chain_after, *dargs, **m.st, k=k, saguaro_top=m.saguaro_top)
 
     def run_chain():

@@ -82,6 +82,11 @@ class DraftModel:
     self.run.compile_only(prefill, self.params, self.tokens, self.lengths, self.cache, **self.st)
     self._compile_drafting(b, fan_outs, chain)
 
+  @property
+  def sampling(self) -> tuple:
+    """The run's (temperature, top_p, saguaro_c), placed on the draft's device."""
+    return self._sampling
+
   def _settings(self, opts: DecodeOptions, k: int, saguaro_c: float, saguaro_top: int) -> None:
     put = self.put
     self._sampling = (put(jnp.float32(opts.temperature)), put(jnp.float32(opts.top_p)), put(jnp.float32(saguaro_c)))

@@ -1,14 +1,17 @@
-"""The target's loops: prefill, then rounds of speculate / verify / commit.
+"""The target's loop: prefill, then rounds of speculate / verify / commit, one loop for every mode.
 
-AR, SD and SSD differ in the draft side plugged in (speculator.py, tree_draft.py), which the loops talk to in the
+AR, SD and SSD differ in the draft side plugged in (speculator.py, tree_draft.py), which the loop talks to in the
 same messages: `NoDraft` (AR) serves empty speculations, and a verify of no drafts is one AR step (its bonus is the
-target's next token); `ChainDraft` (SD) drafts K tokens once the outcome is known (`_rounds`; in chunks of rounds,
-sd_chunk.py); `TreeDraft` (SSD) drafts ahead for the likely outcomes while the target verifies, in this process or in
-its own (draft_process.py), and hands the target that cache: SSD's round (ssd_loop.py) looks its outcome up on the
-target's side and dispatches the next verify before the draft side hears of it. (One loop for all three with the
-round's strategy plugged in is issue 55's item 6, not done yet.) The target's
-side (`TargetSide`: cache, sampling settings, compiled programs) is set up once here, and the verifier draws its keys
-from its own stream (VERIFY_STREAM) in every mode, as each draft side draws from its own.
+target's next token); `ChainDraft` (SD) drafts K tokens once the outcome is known; `TreeDraft` (SSD) drafts ahead for
+the likely outcomes while the target verifies, in this process or in its own (draft_process.py), and hands the target
+that cache. How a call's rounds are run is the loop's strategy (`Rounds`), picked once per run (`pick_rounds`):
+`StepRounds` (a verify a call; AR in chunks of steps), `sd_chunk.SDChunks` (SD's verify and next chain n rounds a
+call), `ssd_loop.SSDHostRounds` (SSD, a verify a call, looked up on the target's side) and
+`ssd_loop.SSDProgramRounds` (SSD with a draft process: many rounds in one program). `run_rounds` is the loop itself:
+it starts the strategy, advances it until no row is left, and on a lost draft side commits the verify in hand so the
+target can finish alone. Its state (`LoopState`) and the target's times (`RoundTimes`) are the same types in every
+mode. The target's side (`TargetSide`: cache, sampling settings, compiled programs) is set up once here, and the
+verifier draws its keys from its own stream (VERIFY_STREAM) in every mode, as each draft side draws from its own.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import numpy as np
 
 from ..kernels.platform import device_platform
 from . import sd_chunk, ssd_loop
+from .loop import LoopState, Rounds, RoundTimes, no_rounds, run_rounds
 from .base import SpecBook, StreamFn, cache_slots, hears, pad_prompts, run_lookaheads
 from .options import DecodeOptions
 from .speculator import DraftJob, DraftLost, DraftLostWarning, Outcome
@@ -48,14 +52,14 @@ class TargetSide:
   and dcfg. AR (k = 0) verifies in chunks of opts.ar_chunk steps, each chunk one call (`steps.ar_chunk`).
   """
 
-  def __init__(self, dec, tokens, lengths, opts: DecodeOptions, sd_rounds: int = 0):
+  def __init__(self, dec, tokens, lengths, opts: DecodeOptions, sd_rounds: int = 1):
     pl, cfg, k, b = dec.placement, dec.tcfg, dec.k, tokens.shape[0]
     self.dec, self.programs, self.fetch, self.rep = dec, dec.programs, pl.fetch, pl.to_target
     rep, self.st = pl.to_target, dict(cfg=cfg, attn_impl=dec.attn_impl, feature_layers=dec.feature_layers,
                                       platform=device_platform(pl.target_mesh))
     self.chunk = opts.ar_chunk if k == 0 else 1
     # A verify writes K+1 entries past the committed text before rolling back; AR's and SD's chunks more.
-    ahead = run_lookaheads(k, None, sd_rounds if sd_rounds > 1 else 1, opts.ar_chunk)[0]
+    ahead = run_lookaheads(k, None, sd_rounds, opts.ar_chunk)[0]
     slots = cache_slots(int(lengths.max()), opts.max_new_tokens, lookahead=ahead)
     self.cache = pl.target_cache(cfg, b, slots, dec.kv_dtype)
     self.key, self.temp, self.top_p = (rep(x) for x in (jax.random.key(opts.seed), jnp.float32(opts.temperature),
@@ -73,7 +77,7 @@ class TargetSide:
     if self.chunk > 1:
       run.compile_only(ar_chunk, p, self.cache, z, rep(z > 0), fold_steps(self.verify_root, 1, self.chunk),
                        self.temp, self.top_p, n=self.chunk, **self.st)
-    elif sd_rounds <= 1:  # SD in chunks of rounds runs sd_chunk's programs instead (compiled by sd_chunk.Chunks)
+    elif sd_rounds <= 1:  # SD in chunks of rounds runs sd_chunk's programs instead (compiled by sd_chunk.SDChunks)
       run.compile_only(verify, p, self.cache, z, rep(jnp.zeros((b, k), jnp.int32)),
                        rep(jnp.zeros((b, k, cfg.vocab_size))), rep(z > 0), self.key, self.temp, self.top_p, **self.st)
     if dec.head is not None:
@@ -117,7 +121,7 @@ class TargetSide:
   def to_target(self, spec):
     """Returns a served speculation's (tokens [B, K], q [B, K, V]) on the target's devices (q None: temperature 0,
     where the verify reads tokens only; it gets zeros placed once)."""
-    return self.rep(spec.tokens), self._q(spec.q)
+    return self.rep(spec.tokens), self.place_q(spec.q)
 
   def from_cache(self, cache, branch, tokens):
     """Returns (tokens [B, K], q [B, K, V]) on the target's devices for the speculation cache's rows `branch` [B]
@@ -126,9 +130,11 @@ class TargetSide:
     q = cache.q
     if q is not None:
       q = q[np.arange(len(branch)), branch] if isinstance(q, np.ndarray) else self.programs(pick_branch, q, branch)
-    return self.rep(tokens), self._q(q)
+    return self.rep(tokens), self.place_q(q)
 
-  def _q(self, q):
+  def place_q(self, q):
+    """Returns a served q [B, K, V_out or V] on the target's devices over the full vocabulary (widened from the
+    draft's head vocabulary here); None (temperature 0, where the verify reads tokens only) gives zeros placed once."""
     if q is None:
       if self._zero_q is None:
         self._zero_q = self.rep(jnp.zeros((self.tokens.shape[0], self.dec.k, self.dec.tcfg.vocab_size)))
@@ -158,7 +164,7 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
   draft_process.DraftProcess: send / receive / draft_ahead); returns what the decoder reports from.
 
   A draft side that is lost (DraftLost: its process exited, was killed or stopped answering, or it failed) costs the
-  run its speed, not its answer: the loops stop where the book is committed, one DraftLostWarning says so, and the
+  run its speed, not its answer: the loop stops where the book is committed, one DraftLostWarning says so, and the
   target finishes alone (`finish_alone`: AR steps, the same tokens at temperature 0); timing's `rounds_alone` (per
   row) and `draft_lost` say so, and the draft side's statistics are None."""
   dec.check([len(p) for p in prompts], opts.max_new_tokens)
@@ -174,16 +180,14 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
         lost.append(e)
 
   with link.session():
+    # SD's rounds a call, decided once: the target's and the chain's caches are sized for it alike.
+    n = opts.sd_chunk if sd_chunk.fusable(dec, link) else 1
     # The draft side compiles its programs and sets up its cache while the target compiles its own.
-    draft(link.send, "prepare", DraftJob([list(map(int, p)) for p in prompts], opts))
-    n = opts.sd_chunk if sd_chunk.fusable(dec, link) else 0
+    draft(link.send, "prepare", DraftJob([list(map(int, p)) for p in prompts], opts, sd_rounds=n))
     target = TargetSide(dec, tokens, lengths, opts, n)
     draft(link.receive)
-    chunks = sd_chunk.Chunks(target, link.side, n) if n > 1 else None
-    if chunks is not None:
-      chunks.compile()
-    elif not link.sync and ssd_loop.usable(dec, link):
-      ssd_loop.compile_rounds(target)
+    strategy = pick_rounds(dec, link, target, n, for_draft)
+    strategy.compile()
     t0 = time.perf_counter()
     if dec.feature_layers:  # the draft's prefill reads the target's
       first, feats = target.prefill()
@@ -197,15 +201,11 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
     for i in range(len(book.out)):  # the prefill's token
       if hears(stream, i):
         stream(i, book.out[i][:])
+    state = LoopState(book, first, stream, target.first)
     if lost:
-      timing = dict(ssd_loop.no_rounds(target), lost=(lost[0], target.first, 0))
-    elif chunks is not None:
-      timing = chunks.run(book, first, stream)
-    elif not link.sync:  # a draft side that drafts ahead (SSD)
-      timing = (ssd_loop.run(target, link, book, first, stream) if ssd_loop.usable(target.dec, link)
-                else ssd_loop.ssd_rounds_host(target, link, book, first, stream, for_draft))
+      timing = dict(no_rounds(target), lost=(lost[0], target.first, 0))
     else:
-      timing = _rounds(target, link, book, first, stream, for_draft)
+      timing = run_rounds(strategy, state)
     stop = timing.pop("lost", None)
     if stop is None:
       stats = draft(_stats, link)
@@ -216,6 +216,18 @@ def generate(dec, link, prompts: Sequence[Sequence[int]], opts: DecodeOptions, s
       timing = _go_on_alone(target, link, book, stop, stream, timing)
       stats = None
   return RunResult(book, t_prefill, t0 + t_prefill, timing, stats)
+
+
+def pick_rounds(dec, link, target: TargetSide, sd_rounds: int, for_draft) -> Rounds:
+  """Returns the run's strategy: SD's rounds in chunks where they fuse (sd_rounds > 1), SSD's in one program for a
+  draft process on a one-device target, SSD's a verify a call otherwise, and a verify a call for AR and SD."""
+  if sd_rounds > 1:
+    return sd_chunk.SDChunks(target, link, sd_rounds)
+  if not link.sync:  # a draft side that drafts ahead (SSD)
+    if ssd_loop.usable(dec, link):
+      return ssd_loop.SSDProgramRounds(target, link)
+    return ssd_loop.SSDHostRounds(target, link, for_draft)
+  return StepRounds(target, link, for_draft)
 
 
 def _stats(link) -> dict:
@@ -257,56 +269,61 @@ def finish_alone(target: TargetSide, book: SpecBook, last, rnd: int, stream=None
   return steps
 
 
-def _rounds(target: TargetSide, link, book: SpecBook, first, stream, for_draft) -> dict:
-  """Runs rounds until every row is done; returns the target's timings and traffic. `idle` is the target's time
-  between a verify's result and the next dispatch (for SD: drafting plus the commit; SSD hides its drafting). A lost
-  draft side ends the rounds once the verify in hand is committed (timing's `lost`: generate goes on alone)."""
-  t = dict.fromkeys(("idle", "wait", "verify", "commit"), 0.0)
-  bytes_in = bytes_out = rnd = 0
-  last, pending = target.first, None  # pending: a verify dispatched and not yet committed
+class StepRounds:
+  """AR's and SD's rounds, a verify a call: the draft side proposes once the outcome is known (a sync link; AR's
+  `NoDraft` serves nothing, and a chunk of AR steps is one call). `idle` is the target's time between a verify's
+  result and the next dispatch: the chain's drafting plus the commit."""
 
-  def timing(**more):
-    return dict(t, rounds=rnd, bytes_in=bytes_in, bytes_out=bytes_out, compile=target.programs.compile_seconds,
-                **more)
+  name = "rounds"
 
-  try:
-    link.send("first", first)
-    t_verified = time.perf_counter()
-    nxt = target.stage(book, 1, target.first)
-    spec = link.receive()
-    while spec is not None:
-      rnd += 1
-      bytes_in += spec.tokens.nbytes + spec.q.nbytes
-      tokens, q = target.to_target(spec)
-      if link.sync:
-        tokens.block_until_ready()  # a draft that drafts after the outcome (SD): its time ends here, not the verify's
-      t_dispatch = time.perf_counter()
-      t["idle"] += t_dispatch - t_verified
-      acc, bonus, feats, made = target.verify(tokens, q, *nxt)
-      pending = (acc, bonus, made, spec.tokens)
-      link.draft_ahead()  # after the verify's dispatch: the target starts first
-      # A draft side in this process may read the outcome from the verify's own arrays (SD's chain: on the device).
-      on_target = None if link.remote else (acc, bonus, nxt[1])
-      last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
-      made = None if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
-      drafts = spec.tokens if made is None else made
-      feats = for_draft(feats)
-      t_verified = time.perf_counter()
-      t["verify"] += t_verified - t_dispatch
-      # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
-      # while the draft looks the outcome up, instead of before it can start.
-      link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target, made=made))
-      bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
-      t_sent = time.perf_counter()
-      book.commit(acc, bonus, np.asarray(drafts), t_verified, stream)
-      pending = None
-      nxt = target.stage(book, rnd + 1, last)
-      t["commit"] += time.perf_counter() - t_sent
-      spec = link.receive()
-      t["wait"] += time.perf_counter() - t_verified
-  except DraftLost as e:
-    return timing(lost=(e, ssd_loop.settle(target, book, pending, last, stream), rnd))
-  return timing()
+  def __init__(self, target: TargetSide, link, for_draft):
+    self.target, self.link, self.for_draft, self.times = target, link, for_draft, RoundTimes()
+
+  def compile(self) -> None:
+    pass  # TargetSide compiled the verify (or AR's chunk)
+
+  def close(self) -> None:
+    pass
+
+  def begin(self, s: LoopState) -> None:
+    self.link.send("first", s.first)
+    self.t_verified = time.perf_counter()
+    self.nxt = self.target.stage(s.book, 1, s.last)
+    self.spec = self.link.receive()
+    s.go = self.spec is not None
+
+  def advance(self, s: LoopState) -> None:
+    t, target, link, spec = self.times, self.target, self.link, self.spec
+    rnd = t.rounds = t.calls = s.committed + 1
+    t.bytes_in += spec.tokens.nbytes + spec.q.nbytes
+    tokens, q = target.to_target(spec)
+    if link.sync:
+      tokens.block_until_ready()  # a draft that drafts after the outcome (SD): its time ends here, not the verify's
+    t_dispatch = time.perf_counter()
+    t.idle += t_dispatch - self.t_verified
+    acc, bonus, feats, made = target.verify(tokens, q, *self.nxt)
+    s.pending = (acc, bonus, made, spec.tokens)
+    link.draft_ahead()  # after the verify's dispatch: the target starts first
+    # A draft side in this process may read the outcome from the verify's own arrays (SD's chain: on the device).
+    on_target = None if link.remote else (acc, bonus, self.nxt[1])
+    s.last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+    made = None if made is None else target.fetch(made)  # AR's chunk: the steps before the bonus
+    drafts = spec.tokens if made is None else made
+    feats = self.for_draft(feats)
+    t_verified = self.t_verified = time.perf_counter()
+    t.verify += t_verified - t_dispatch
+    # The outcome leaves first: the target's own bookkeeping and the next round's small inputs are prepared
+    # while the draft looks the outcome up, instead of before it can start.
+    link.send("outcome", Outcome(acc, bonus, t_verified - t_dispatch, feats, on_target=on_target, made=made))
+    t.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    t_sent = time.perf_counter()
+    s.book.commit(acc, bonus, np.asarray(drafts), t_verified, s.stream)
+    s.pending, s.committed = None, rnd
+    self.nxt = target.stage(s.book, rnd + 1, s.last)
+    t.commit += time.perf_counter() - t_sent
+    self.spec = link.receive()
+    s.go = self.spec is not None
+    t.wait += time.perf_counter() - t_verified
 
 
 def _for_draft(dec, link):

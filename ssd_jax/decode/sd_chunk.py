@@ -23,6 +23,7 @@ import numpy as np
 
 from ..models.config import ModelConfig
 from ..models.kv_cache import KVCache
+from .loop import RoundTimes
 from .speculator import ChainDraft, Speculation
 from .steps import chain_after, verify
 
@@ -75,58 +76,67 @@ def fusable(dec, link) -> bool:
           and side.model.hist is None and dec.head is None and dec.k > 0)
 
 
-class Chunks:
-  """The fused rounds of one run: the target's side (rounds.TargetSide) and SD's chain (speculator.ChainDraft)."""
+class SDChunks:
+  """The round loop's strategy for SD in chunks of n rounds a call (rounds.run_rounds): the target's side
+  (rounds.TargetSide) runs sd_chunk with SD's chain (speculator.ChainDraft), read and handed back through the chain's
+  public methods (fused_inputs, took_rounds). The chains run inside the calls: their time is in `verify`; `idle` is
+  the commit's alone (SD's draft_seconds, idle less commit, is then 0)."""
 
-  def __init__(self, target, chain: ChainDraft, n: int):
-    self.target, self.chain, self.n = target, chain, n
-    m, t = chain.model, target
-    self.st = dict(tcfg=t.dec.tcfg, dcfg=m.cfg, k=chain.k, attn_impl=t.st["attn_impl"], tplatform=t.st["platform"],
-                   dplatform=m.platform, saguaro_top=m.saguaro_top)
+  name = "sd_chunk"
+
+  def __init__(self, target, link, n: int):
+    self.target, self.link, self.chain, self.n = target, link, link.side, n
+    t = target
+    self.st = dict(tcfg=t.dec.tcfg, attn_impl=t.st["attn_impl"], tplatform=t.st["platform"],
+                   **self.chain.fused_statics())
     self.sizes = tuple(sorted({max(n >> i, 1) for i in range(n.bit_length())}, reverse=True))  # n, n/2, .., 1
     self._active = None  # the placed active rows, with the done flags they were placed for
+    self.times = RoundTimes()
 
-  def _args(self, last, tokens, q, active, rnd: int, n: int):
-    t, m = self.target, self.chain.model
-    keys = chunk_keys(t.verify_root, self.chain.root, rnd, n=n)
-    return (t.dec.tparams, t.cache, m.params, m.cache, *m.tail, last, tokens, q, active, *keys, t.temp, t.top_p,
-            *m._sampling)
+  def _args(self, last, tokens, q, active, rnd: int, n: int, blank: int = 0):
+    t = self.target
+    chain, sampling, root = self.chain.fused_inputs(blank)
+    keys = chunk_keys(t.verify_root, root, rnd, n=n)
+    return (t.dec.tparams, t.cache, chain[0], chain[1], *chain[2:], last, tokens, q, active, *keys, t.temp, t.top_p,
+            *sampling)
 
   def compile(self) -> None:
     """Compiles the chunk programs (n, n/2, .., 1 rounds) before the clock starts."""
-    t, m, rep, k = self.target, self.chain.model, self.target.rep, self.chain.k
+    t, rep, k = self.target, self.target.rep, self.st["k"]
     b = t.tokens.shape[0]
     z = rep(jnp.zeros((b,), jnp.int32))
-    m.tail = (rep(jnp.zeros((b, m.window), jnp.int32)), z)
     spec = rep(jnp.zeros((b, k), jnp.int32)), rep(jnp.zeros((b, k, t.dec.tcfg.vocab_size)))
     for n in self.sizes:
-      t.programs.compile_only(sd_chunk, *self._args(z, *spec, z > 0, 0, n), n=n, **self.st)
+      t.programs.compile_only(sd_chunk, *self._args(z, *spec, z > 0, 0, n, blank=b), n=n, **self.st)
 
-  def run(self, book, first, stream) -> dict:
-    """Runs chunks until every row is done; returns the target's timings (rounds._rounds' keys)."""
-    t, chain, m = self.target, self.chain, self.chain.model
-    tm = dict.fromkeys(("idle", "wait", "verify", "commit"), 0.0)
-    spec = chain.first(first)  # the first chain (key 1), from the committed text on the host
-    last, rnd, calls = t.first, 0, 0
-    while spec is not None:
-      t0 = time.perf_counter()
-      left = max(book.opts.max_new_tokens - len(book.out[i]) for i in np.flatnonzero(~book.done))
-      n = next(s for s in self.sizes if s <= left)
-      if self._active is None or not np.array_equal(self._active[0], book.done):
-        self._active = (book.done.copy(), t.rep(~book.done))
-      *out, last, tok, q, t.cache, m.cache, w, lens = t.programs(
-          sd_chunk, *self._args(last, spec.tokens, spec.q, self._active[1], rnd, n), stable=4, n=n, **self.st)
-      m.tail = (w, lens)
-      drafts, acc, bonus = (np.asarray(t.fetch(x)) for x in out)
-      t1 = time.perf_counter()
-      for i in range(n):
-        book.commit(acc[i], bonus[i], drafts[i], t1, stream)
-      rnd, calls = rnd + n, calls + 1
-      chain.rnd = rnd + 1  # the chain in hand was drafted with key rnd + 1, as the unfused loop's
-      spec = None if book.done.all() else Speculation(tok, q)
-      tm["verify"] += t1 - t0
-      tm["commit"] += time.perf_counter() - t1
-    # The chains run inside the chunk calls: their time is in "verify"; "idle" is the commit's alone (SD's
-    # draft_seconds, idle less commit, is then 0).
-    tm["idle"] = tm["commit"]
-    return dict(tm, rounds=rnd, calls=calls, bytes_in=0, bytes_out=0, compile=t.programs.compile_seconds)
+  def close(self) -> None:
+    pass
+
+  def begin(self, s) -> None:
+    self.link.send("first", s.first)  # the first chain (key 1), from the committed text on the host
+    self.spec = self.link.receive()
+    s.go = self.spec is not None
+
+  def advance(self, s) -> None:
+    """Runs one chunk: n rounds, n the largest size no more than the most tokens a live row still needs (each round
+    commits at least one token a row), then commits their outcomes in order."""
+    t, tm, book, rnd = self.target, self.times, s.book, s.committed
+    t0 = time.perf_counter()
+    left = max(book.opts.max_new_tokens - len(book.out[i]) for i in np.flatnonzero(~book.done))
+    n = next(size for size in self.sizes if size <= left)
+    if self._active is None or not np.array_equal(self._active[0], book.done):
+      self._active = (book.done.copy(), t.rep(~book.done))
+    *out, s.last, tok, q, t.cache, dcache, w, lens = t.programs(
+        sd_chunk, *self._args(s.last, self.spec.tokens, self.spec.q, self._active[1], rnd, n), stable=4, n=n,
+        **self.st)
+    self.chain.took_rounds(dcache, w, lens, rnd + n)
+    drafts, acc, bonus = (np.asarray(t.fetch(x)) for x in out)
+    t1 = time.perf_counter()
+    for i in range(n):
+      book.commit(acc[i], bonus[i], drafts[i], t1, s.stream)
+    s.committed, tm.rounds, tm.calls = rnd + n, rnd + n, tm.calls + 1
+    self.spec = None if book.done.all() else Speculation(tok, q)
+    s.go = self.spec is not None
+    tm.verify += t1 - t0
+    tm.commit += time.perf_counter() - t1
+    tm.idle = tm.commit

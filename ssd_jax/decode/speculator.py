@@ -30,6 +30,7 @@ class DraftJob:
   """What a draft side needs to know of a run before it starts."""
   prompts: list           # B lists of token ids
   opts: DecodeOptions
+  sd_rounds: int = 1      # SD's rounds a call (sd_chunk.SDChunks; 1: a call a round), decided once by the loop
 
 
 @dataclasses.dataclass
@@ -214,7 +215,7 @@ class ChainDraft:
     """Compiles the run's programs and sets up the cache; returns the compile seconds so far."""
     self.prompts, self.opts = job.prompts, job.opts
     tokens, lengths = pad_prompts(job.prompts)
-    ahead = run_lookaheads(self.k, None, job.opts.sd_chunk)[1]  # a chain's round, or SD's chunk of rounds
+    ahead = run_lookaheads(self.k, None, job.sd_rounds)[1]  # a chain's round, or SD's chunk of rounds
     slots = cache_slots(int(lengths.max()), job.opts.max_new_tokens, lookahead=ahead)
     self.model.start(tokens, lengths, slots, job.opts, self.k, chain=True)
     self.root = self.model.put(stream_key(job.opts.seed, DRAFT_STREAM))  # placed: each round's fold stays there
@@ -256,3 +257,25 @@ class ChainDraft:
 
   def stats(self, _=None) -> dict:
     return {}
+
+  # SD in chunks of rounds (sd_chunk.SDChunks) drafts the chains inside the target's program: what it reads of the
+  # chain, and what it hands back.
+
+  def fused_inputs(self, blank: int = 0):
+    """Returns what a chunk of rounds reads of the chain: (params, cache, window [B, W], lengths [B]: the committed
+    tail the next chain starts from), its sampling settings (temperature, top_p, saguaro_c) and its key root.
+    blank: B, to get zeros for the tail (compiling before a run has one)."""
+    m = self.model
+    tail = m.tail if not blank else (m.put(jnp.zeros((blank, m.window), jnp.int32)),
+                                     m.put(jnp.zeros((blank,), jnp.int32)))
+    return (m.params, m.cache, *tail), m.sampling, self.root
+
+  def fused_statics(self) -> dict:
+    """The chain's static settings of a chunk of rounds (sd_chunk.sd_chunk's dcfg, k, dplatform, saguaro_top)."""
+    m = self.model
+    return dict(dcfg=m.cfg, k=self.k, dplatform=m.platform, saguaro_top=m.saguaro_top)
+
+  def took_rounds(self, cache, window, lengths, rnd: int) -> None:
+    """Takes the chain's state after a chunk ran rounds up to `rnd`: its cache and committed tail. The speculation
+    the chunk returned was drafted with key rnd + 1, as the loop of a call a round would have drafted it."""
+    self.model.cache, self.model.tail, self.rnd = cache, (window, lengths), rnd + 1

@@ -1,19 +1,20 @@
-"""SSD's rounds in one program, for a draft side in its own process: no dispatch between a verify and the next.
+"""SSD's rounds: two strategies of the round loop (loop.run_rounds), a verify a call or many rounds in one program.
 
-`ssd_rounds_host` dispatches one verify a round from the host. On a CPU core of its own that call costs the target
+`SSDHostRounds` dispatches one verify a round from the host. On a CPU core of its own that call costs the target
 1-4 ms a round (JAX's handling of the verify's ~750 argument leaves and the hand-over to XLA's thread), as much as
-SSD saves by drafting ahead. Here the target's rounds run inside one XLA while loop: each iteration verifies the
-speculation in hand, then calls back to the host (`jax.experimental.io_callback`, ~80 us) with the outcome. The host
-does what `ssd_rounds_host` does between two verifies: commits the outcome, takes the speculation cache the draft
-process sent while the verify ran, looks the outcome up in it and, on a hit, returns the cached speculation at once (the
-outcome goes to the draft process before the callback returns; its HIT reply is read at the next callback); on a
-miss it sends the outcome and returns the backup the draft process serves. The loop ends when every row is done, or
-after `ROUNDS_PER_CALL` rounds (so that Ctrl-C, which Python handles between calls, is seen within a second); the next
-call takes over the loop's carry on the device.
+SSD saves by drafting ahead. `SSDProgramRounds`, for a draft side in its own process, runs the target's rounds
+inside one XLA while loop (`ssd_rounds`): each iteration verifies the speculation in hand, then calls back to the
+host (`jax.experimental.io_callback`, ~80 us) with the outcome. The host (`HostRounds`) does what `SSDHostRounds`
+does between two verifies: commits the outcome, takes the speculation cache the draft process sent while the verify
+ran, looks the outcome up in it and, on a hit, returns the cached speculation at once (the outcome goes to the draft
+process before the callback returns; its HIT reply is read at the next callback); on a miss it sends the outcome and
+returns the backup the draft process serves. The program ends when every row is done, or after `ROUNDS_PER_CALL`
+rounds (so that Ctrl-C, which Python handles between calls, is seen within a second); the next call takes over the
+loop's carry on the device.
 
-Keys, inputs and the verify are those of `ssd_rounds_host` round for round (round r's key is fold(verify_root, r)),
-so a seed gives the same tokens either way (tests/test_ssd_loop.py). Used for the 'processes' placement with the
-target on one device; the 'devices' placement keeps `ssd_rounds_host` (its draft side runs JAX programs, which a
+Keys, inputs and the verify are the same round for round either way (round r's key is fold(verify_root, r)), so a
+seed gives the same tokens (tests/test_ssd_loop.py). One program is used for the 'processes' placement with the
+target on one device; the 'devices' placement keeps `SSDHostRounds` (its draft side runs JAX programs, which a
 callback running inside the target's program must not wait on).
 """
 from __future__ import annotations
@@ -29,91 +30,93 @@ import numpy as np
 from jax.experimental import io_callback
 
 from ..models.config import ModelConfig
+from .loop import ROUND_PARTS, LoopState, RoundTimes
 from .speculator import HIT, DraftLost, Outcome, cached_tokens, find
 from .steps import verify
 
 ROUNDS_PER_CALL = 64  # ~1 s of rounds on a CPU: the longest a Ctrl-C waits
 
-# The parts of SSD's round on the target's critical path, between a verify's result and the next dispatch.
-ROUND_PARTS = ("commit", "cache_wait", "lookup", "backup_wait", "to_target")
 
+class SSDHostRounds:
+  """SSD's rounds with one verify dispatched a round from the host (the 'devices' placement), a strategy of the
+  round loop (loop.run_rounds): the draft side's speculation cache comes to the target (link.cache) while the target
+  verifies; when the verify ends the target commits its outcome, looks it up there itself and, when every live row
+  hits, dispatches the next verify at once, and only then sends the outcome to the draft side (which finds the same
+  hits and drafts the next tree). A miss sends the outcome first and waits for the backup's speculation.
 
-def ssd_rounds_host(target, link, book, first, stream, for_draft) -> dict:
-  """SSD's rounds with one verify dispatched a round from the host (the 'devices' placement): the draft side's
-  speculation cache comes to the target (link.cache) while the target verifies; when the verify ends the target
-  commits its outcome, looks it up there itself and, when every live row hits, dispatches the next verify at once,
-  and only then sends the outcome to the draft side (which finds the same hits and drafts the next tree).
-  A miss sends the outcome first and waits for the backup's speculation.
+  Times: `idle` the target's time from a verify's result to the next dispatch, `parts` that time by part
+  (ROUND_PARTS), `verify` dispatch to result, `wait` its waits on the draft side (cache and backup), hit_rounds."""
 
-  Returns the target's timings: `idle` its time from a verify's result to the next dispatch, `parts` that time by
-  part (ROUND_PARTS), `verify` dispatch to result, `wait` its waits on the draft side (cache and backup), hits."""
-  t = dict.fromkeys(("verify", "dispatch_call"), 0.0)
-  parts = dict.fromkeys(ROUND_PARTS, 0.0)
-  bytes_in = bytes_out = rnd = hit_rounds = 0
+  name = "ssd_host"
 
-  def timing():  # the target's idle time is its parts; its waits on the draft side, two of them
-    return dict(t, parts=parts, idle=sum(parts.values()), wait=parts["cache_wait"] + parts["backup_wait"],
-                commit=parts["commit"], rounds=rnd, hit_rounds=hit_rounds, bytes_in=bytes_in, bytes_out=bytes_out,
-                compile=target.programs.compile_seconds, calls=rnd)
+  def __init__(self, target, link, for_draft):
+    self.target, self.link, self.for_draft, self.times = target, link, for_draft, RoundTimes()
 
-  last, pending, committed = target.first, None, 0  # pending: a verify dispatched and not yet committed
-  try:
-    link.send("first", first)
+  def compile(self) -> None:
+    pass  # TargetSide compiled the verify
+
+  def close(self) -> None:
+    pass
+
+  def begin(self, s: LoopState) -> None:
+    target, link, t = self.target, self.link, self.times
+    link.send("first", s.first)
     spec = link.receive()
     if spec is None:
-      return timing()
-    bytes_in += _nbytes(spec)
-    rnd, served = 1, spec.tokens
-    nxt = target.stage(book, rnd, last)
+      s.go = False
+      return
+    t.bytes_in += _nbytes(spec)
+    t.rounds = t.calls = 1
+    self.served = spec.tokens
+    nxt = target.stage(s.book, 1, s.last)
     tokens, q = target.to_target(spec)
-    t_dispatch = time.perf_counter()
-    acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
-    pending = (acc, bonus, None, served)
-    target.key_ahead(rnd + 1)
+    self.t_dispatch = time.perf_counter()
+    self.dispatched = target.verify(tokens, q, *nxt)
+    s.pending = (self.dispatched[0], self.dispatched[1], None, self.served)
+    target.key_ahead(2)
     link.draft_ahead()
-    while True:
-      last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
-      feats = for_draft(feats)
-      t_verified = time.perf_counter()
-      t["verify"] += t_verified - t_dispatch
-      book.commit(acc, bonus, np.asarray(served), t_verified, stream)
-      pending, committed = None, committed + 1
-      t_commit = time.perf_counter()
-      cache = link.cache()  # built while the verify ran: normally here already
-      t_cache = time.perf_counter()
-      bytes_in += cache.nbytes
-      outcome = Outcome(acc, bonus, t_verified - t_dispatch, feats)
-      bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
-      if book.done.all():  # no next dispatch: the last round's commit is no idle time
-        link.send("outcome", outcome)
-        _expect(link.receive(), None)
-        break
-      rnd += 1
-      hit, branch = find(cache, acc, bonus)
-      nxt = target.stage(book, rnd, last)
-      was_hit = bool(hit[~book.done].all())
-      hit_rounds += was_hit
-      tokens, q, served, t_found, t_sent, got = _next_speculation(target, link, cache, branch, outcome, was_hit)
-      bytes_in += got
-      t_dispatch = time.perf_counter()
-      acc, bonus, feats, _ = target.verify(tokens, q, *nxt)
-      pending = (acc, bonus, None, served)
-      # The call's own time counts as the verify's, as in every mode: on a core of its own the program starts as
-      # the call returns, so the call's wall time is part host work (its arguments), part the verify running.
-      t["dispatch_call"] += time.perf_counter() - t_dispatch
-      target.key_ahead(rnd + 1)
-      for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
-                                          t_sent - t_found, t_dispatch - t_sent)):
-        parts[part] += span
-      if was_hit:  # the outcome goes to the draft side once the next verify runs
-        link.send("outcome", outcome)
-        _expect(link.receive(), HIT)
-      link.draft_ahead()
-  except DraftLost as e:  # the verify in hand is committed; generate goes on without the draft side
-    last = settle(target, book, pending, last, stream)
-    rnd = committed + (pending is not None)
-    return dict(timing(), lost=(e, last, rnd))
-  return timing()
+
+  def advance(self, s: LoopState) -> None:
+    """Commits the verify in hand and, unless every row is done, dispatches the next one."""
+    target, link, t, book = self.target, self.link, self.times, s.book
+    acc, bonus, feats, _ = self.dispatched
+    s.last, acc, bonus = bonus, target.fetch(acc), target.fetch(bonus)
+    feats = self.for_draft(feats)
+    t_verified = time.perf_counter()
+    t.verify += t_verified - self.t_dispatch
+    book.commit(acc, bonus, np.asarray(self.served), t_verified, s.stream)
+    s.pending, s.committed = None, s.committed + 1
+    t_commit = time.perf_counter()
+    cache = link.cache()  # built while the verify ran: normally here already
+    t_cache = time.perf_counter()
+    t.bytes_in += cache.nbytes
+    outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats)
+    t.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    if book.done.all():  # no next dispatch: the last round's commit is no idle time
+      link.send("outcome", outcome)
+      _expect(link.receive(), None)
+      s.go = False
+      return
+    t.rounds = t.calls = rnd = t.rounds + 1
+    hit, branch = find(cache, acc, bonus)
+    nxt = target.stage(book, rnd, s.last)
+    was_hit = bool(hit[~book.done].all())
+    t.hit_rounds += was_hit
+    tokens, q, self.served, t_found, t_sent, got = _next_speculation(target, link, cache, branch, outcome, was_hit)
+    t.bytes_in += got
+    self.t_dispatch = t_dispatch = time.perf_counter()
+    self.dispatched = target.verify(tokens, q, *nxt)
+    s.pending = (self.dispatched[0], self.dispatched[1], None, self.served)
+    # The call's own time counts as the verify's, as in every mode: on a core of its own the program starts as
+    # the call returns, so the call's wall time is part host work (its arguments), part the verify running.
+    t.dispatch_call += time.perf_counter() - t_dispatch
+    target.key_ahead(rnd + 1)
+    t.add_parts((t_commit - t_verified, t_cache - t_commit, t_found - t_cache, t_sent - t_found,
+                 t_dispatch - t_sent))
+    if was_hit:  # the outcome goes to the draft side once the next verify runs
+      link.send("outcome", outcome)
+      _expect(link.receive(), HIT)
+    link.draft_ahead()
 
 
 def _next_speculation(target, link, cache, branch, outcome, hit: bool):
@@ -128,23 +131,6 @@ def _next_speculation(target, link, cache, branch, outcome, hit: bool):
   spec = link.receive()
   t_sent = time.perf_counter()
   return (*target.to_target(spec), spec.tokens, t_found, t_sent, _nbytes(spec))
-
-
-def settle(target, book, pending, last, stream):
-  """Commits `pending` (accept_len, bonus, made or None, drafts: a verify dispatched but not yet committed when the
-  draft side was lost), if any; returns the target's array of the last committed token (`last` when none was)."""
-  if pending is None:
-    return last
-  acc, bonus, made, drafts = pending
-  drafts = drafts if made is None else target.fetch(made)
-  book.commit(target.fetch(acc), target.fetch(bonus), np.asarray(drafts), time.perf_counter(), stream)
-  return bonus
-
-
-def no_rounds(target) -> dict:
-  """The timings of a run that ran no round with its draft side (every mode's keys)."""
-  return dict(verify=0.0, dispatch_call=0.0, parts=dict.fromkeys(ROUND_PARTS, 0.0), idle=0.0, wait=0.0, commit=0.0,
-              rounds=0, hit_rounds=0, bytes_in=0, bytes_out=0, compile=target.programs.compile_seconds, calls=0)
 
 
 def _nbytes(spec) -> int:
@@ -163,7 +149,7 @@ _IDS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-ONE_PROGRAM = True  # False: every placement runs ssd_rounds_host (to compare the two; tests)
+ONE_PROGRAM = True  # False: every placement runs SSDHostRounds (to compare the two; tests)
 
 
 def usable(dec, link) -> bool:
@@ -206,14 +192,13 @@ def ssd_rounds(params, cache, bonus_prev, tokens, q, active, root, first_round, 
 
 
 class HostRounds:
-  """The host's part of each round of one run, called back from inside `ssd_rounds` after every verify."""
+  """The host's part of each round of one run, called back from inside `ssd_rounds` after every verify; it keeps the
+  run's RoundTimes (SSDProgramRounds reports them)."""
 
   def __init__(self, target, link, book, served, greedy: bool, head_ids=None):
     self.target, self.link, self.book = target, link, book
     self.served, self.greedy, self.head_ids = served, greedy, head_ids
-    self.t = dict.fromkeys(("verify", "dispatch_call"), 0.0)
-    self.parts = dict.fromkeys(ROUND_PARTS, 0.0)
-    self.bytes_in = self.bytes_out = self.hit_rounds = 0
+    self.times = RoundTimes()
     self.rnd, self.verified, self.pending_hit, self.error, self.lost = 1, 0, False, None, None
     self.stream = None
     self.t_dispatch = time.perf_counter()
@@ -240,7 +225,7 @@ class HostRounds:
     out = (np.zeros((b, k), np.int32), np.zeros((b,), bool), np.bool_(False))
     return out if self.greedy else out + (np.zeros((b, k, self.target.dec.tcfg.vocab_size), np.float32),)
 
-  def _q(self, q):
+  def widen_q(self, q):
     """Returns a served q over the full vocabulary (host arrays; a cut head's q widened here)."""
     q = np.asarray(q, np.float32)
     if q.shape[-1] == self.target.dec.tcfg.vocab_size:
@@ -251,10 +236,11 @@ class HostRounds:
 
   def _round(self, acc, bonus, feats):
     t_verified = time.perf_counter()
-    self.t["verify"] += t_verified - self.t_dispatch
+    t = self.times
+    t.verify += t_verified - self.t_dispatch
     link, book = self.link, self.book
     book.commit(acc, bonus, self.served, t_verified, self.stream)
-    self.verified += 1
+    self.verified = t.rounds = self.verified + 1
     t_commit = time.perf_counter()
     if self.pending_hit:  # the draft process's reply to the last outcome: it found the same hits
       self.pending_hit = False
@@ -262,9 +248,9 @@ class HostRounds:
     cache = link.cache()  # built while the verify ran: normally here already
     t_cache = time.perf_counter()
     feats = None if feats is None else np.asarray(feats)
-    self.bytes_in += cache.nbytes
+    t.bytes_in += cache.nbytes
     outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats)
-    self.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
+    t.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
     if book.done.all():  # no next round: the last commit is no idle time
       link.send("outcome", outcome)
       _expect(link.receive(), None)
@@ -272,7 +258,7 @@ class HostRounds:
     self.rnd += 1
     hit, branch = find(cache, acc, bonus)
     if hit[~book.done].all():
-      self.hit_rounds += 1
+      t.hit_rounds += 1
       self.served = cached_tokens(cache, branch)
       q = None if self.greedy else cache.q[np.arange(len(branch)), branch]
       t_found = time.perf_counter()
@@ -284,71 +270,78 @@ class HostRounds:
       link.send("outcome", outcome)
       spec = link.receive()
       t_sent = time.perf_counter()
-      self.bytes_in += spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
+      t.bytes_in += _nbytes(spec)
       self.served, q = np.asarray(spec.tokens), spec.q
     out = (np.asarray(self.served, np.int32), ~book.done, np.bool_(True))
     if not self.greedy:
-      out += (self._q(q),)
+      out += (self.widen_q(q),)
     self.t_dispatch = time.perf_counter()
-    for part, span in zip(ROUND_PARTS, (t_commit - t_verified, t_cache - t_commit, t_found - t_cache,
-                                        t_sent - t_found, self.t_dispatch - t_sent)):
-      self.parts[part] += span
+    t.add_parts((t_commit - t_verified, t_cache - t_commit, t_found - t_cache, t_sent - t_found,
+                 self.t_dispatch - t_sent))
     return out
 
-  def timing(self) -> dict:
-    """The target's timings as `ssd_rounds_host` reports them."""
-    p = self.parts
-    return dict(self.t, parts=p, idle=sum(p.values()), wait=p["cache_wait"] + p["backup_wait"], commit=p["commit"],
-                rounds=self.verified, hit_rounds=self.hit_rounds,
-                bytes_in=self.bytes_in, bytes_out=self.bytes_out,
-                compile=self.target.programs.compile_seconds)
 
 
-def run(target, link, book, first, stream) -> dict:
-  """SSD's rounds for a draft process, in programs of up to ROUNDS_PER_CALL rounds (ssd_rounds); returns the
-  target's timings as `ssd_rounds_host` does (`calls`: the programs run)."""
-  dec, greedy = target.dec, float(target.temp) == 0.0
-  try:
-    link.send("first", first)
+class SSDProgramRounds:
+  """SSD's rounds for a draft process in programs of up to ROUNDS_PER_CALL rounds (ssd_rounds), a strategy of the
+  round loop (loop.run_rounds): each call runs rounds until every row is done or the call's rounds are spent, the
+  host's part of each round done by HostRounds inside it. Times as SSDHostRounds' (`calls`: the programs run,
+  `dispatch_call`: their time outside their rounds' verifies and host parts)."""
+
+  name = "ssd_program"
+
+  def __init__(self, target, link):
+    self.target, self.link, self.host, self._times = target, link, None, RoundTimes()
+
+  @property
+  def times(self) -> RoundTimes:
+    return self._times if self.host is None else self.host.times
+
+  def compile(self) -> None:
+    """Compiles `ssd_rounds` for this run's shapes before the clock starts."""
+    target = self.target
+    dec, b, k = target.dec, target.tokens.shape[0], target.dec.k
+    z, greedy = jnp.zeros((b,), jnp.int32), float(target.temp) == 0.0
+    target.programs.compile_only(
+        ssd_rounds, dec.tparams, target.cache, target.rep(z), target.rep(jnp.zeros((b, k), jnp.int32)),
+        target.rep(jnp.zeros((b, k, dec.tcfg.vocab_size))), target.rep(z > 0), target.verify_root, jnp.int32(1),
+        jnp.int32(0), target.temp, target.top_p, n=ROUNDS_PER_CALL, greedy=greedy, **target.st)
+
+  def close(self) -> None:
+    if self.host is not None:
+      self.host.close()
+
+  def begin(self, s: LoopState) -> None:
+    target, link = self.target, self.link
+    dec, self.greedy = target.dec, float(target.temp) == 0.0
+    link.send("first", s.first)
     spec = link.receive()
-  except DraftLost as e:
-    return dict(no_rounds(target), lost=(e, target.first, 0))
-  if spec is None:
-    return no_rounds(target)
-  head = None if dec.head is None else np.asarray(dec.placement.fetch(dec.head["head_ids"]))
-  host = HostRounds(target, link, book, np.asarray(spec.tokens), greedy, head)
-  host.stream, host.bytes_in = stream, spec.tokens.nbytes + (spec.q.nbytes if spec.q is not None else 0)
-  tokens, q = target.rep(np.asarray(spec.tokens, np.int32)), target._q(None if greedy else host._q(spec.q))
-  prev, active, rnd, calls = target.first, target.rep(~book.done), 1, 0
-  try:
-    while True:
-      host.t_dispatch = t = time.perf_counter()
-      inside = host.t["verify"] + sum(host.parts.values())
-      target.cache, prev, tokens, q, active, go, n = target.programs(
-          ssd_rounds, dec.tparams, target.cache, prev, tokens, q, active, target.verify_root, jnp.int32(rnd),
-          jnp.int32(host.id), target.temp, target.top_p, stable=2, n=ROUNDS_PER_CALL, greedy=greedy,
-          **target.st)
-      go, n = bool(target.fetch(go)), int(target.fetch(n))
-      # The program's time outside its rounds' verifies and host parts: what the calls themselves cost.
-      host.t["dispatch_call"] += time.perf_counter() - t - (host.t["verify"] + sum(host.parts.values()) - inside)
-      calls += 1
-      if host.error is not None:
-        raise host.error
-      if host.lost is not None:  # round host.verified is committed; `prev` holds its bonus
-        return dict(host.timing(), calls=calls, lost=(host.lost, prev, host.verified))
-      if not go:
-        break
-      rnd += n
-  finally:
-    host.close()
-  return dict(host.timing(), calls=calls)
+    if spec is None:
+      s.go = False
+      return
+    head = None if dec.head is None else np.asarray(dec.placement.fetch(dec.head["head_ids"]))
+    host = self.host = HostRounds(target, link, s.book, np.asarray(spec.tokens), self.greedy, head)
+    host.stream, host.times.bytes_in = s.stream, _nbytes(spec)
+    self.tokens = target.rep(np.asarray(spec.tokens, np.int32))
+    self.q = target.place_q(None if self.greedy else host.widen_q(spec.q))
+    self.active, self.rnd = target.rep(~s.book.done), 1
 
-
-def compile_rounds(target) -> None:
-  """Compiles `ssd_rounds` for this run's shapes before the clock starts."""
-  dec, b, k = target.dec, target.tokens.shape[0], target.dec.k
-  z, greedy = jnp.zeros((b,), jnp.int32), float(target.temp) == 0.0
-  target.programs.compile_only(
-      ssd_rounds, dec.tparams, target.cache, target.rep(z), target.rep(jnp.zeros((b, k), jnp.int32)),
-      target.rep(jnp.zeros((b, k, dec.tcfg.vocab_size))), target.rep(z > 0), target.verify_root, jnp.int32(1),
-      jnp.int32(0), target.temp, target.top_p, n=ROUNDS_PER_CALL, greedy=greedy, **target.st)
+  def advance(self, s: LoopState) -> None:
+    """Runs one program of rounds; their outcomes were committed by the host's part of each round."""
+    target, host, t = self.target, self.host, self.host.times
+    host.t_dispatch = t0 = time.perf_counter()
+    inside = t.verify + t.idle
+    target.cache, s.last, self.tokens, self.q, self.active, go, n = target.programs(
+        ssd_rounds, target.dec.tparams, target.cache, s.last, self.tokens, self.q, self.active, target.verify_root,
+        jnp.int32(self.rnd), jnp.int32(host.id), target.temp, target.top_p, stable=2, n=ROUNDS_PER_CALL,
+        greedy=self.greedy, **target.st)
+    go, n = bool(target.fetch(go)), int(target.fetch(n))
+    # The program's time outside its rounds' verifies and host parts: what the calls themselves cost.
+    t.dispatch_call += time.perf_counter() - t0 - (t.verify + t.idle - inside)
+    t.calls += 1
+    s.committed = host.verified  # `s.last` holds the bonus of the last round committed
+    if host.error is not None:
+      raise host.error
+    if host.lost is not None:  # the run goes on without the draft side from here
+      raise host.lost
+    s.go, self.rnd = go, self.rnd + n
