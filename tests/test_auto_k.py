@@ -79,6 +79,10 @@ def test_builtin_choice_without_measurements():
 def test_auto_spec_options():
   s = SpecOptions(k="auto", fan_out=3, backup="fast")
   assert s.auto and s.with_k(2) == SpecOptions(k=2, fan_out=3, backup="fast")
+  # Every setting but K survives the choice: a draft process's timeout once fell back to its default here.
+  every = dict(fan_out=4, fan_out_miss=4, fan_out_strategy="geometric", backup="ngram", saguaro_c=0.5,
+               placement="processes", draft_timeout=7.5)
+  assert SpecOptions(k="auto", **every).with_k(3) == SpecOptions(k=3, **every)
   for bad, match in ((dict(k="auto", fan_out="3,2,1"), "single fan-out"), (dict(k="auto", fan_out_miss=4), "same total"),
                      (dict(k="several"), "'auto'"), (dict(k=0), "'auto'")):
     with pytest.raises(ValueError, match=match):

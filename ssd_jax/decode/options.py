@@ -156,9 +156,7 @@ class SpecOptions:
     """Returns these settings with K fixed to `k` (the choice for k='auto'; a single fan-out F spread over K+1)."""
     if not self.auto:
       raise ValueError(f"K is already fixed ({self.k})")
-    return SpecOptions(k=k, fan_out=self.fan_out, fan_out_miss=self.fan_out_miss,
-                       fan_out_strategy=self.fan_out_strategy, backup=self.backup, saguaro_c=self.saguaro_c,
-                       placement=self.placement)
+    return dataclasses.replace(self, k=k)  # every other setting as given (the draft's timeout too)
 
   def fan_outs(self, calibration: dict | None, temperature: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Returns the tree's (fan-out after a hit, after a miss) for a run at `temperature`.
