@@ -25,6 +25,16 @@ def _intel_cpu() -> bool:
     return False
 
 
+def compile_cache_reloads() -> bool:
+  """Whether XLA's persistent compilation cache is used on this host: not where asked off
+  (SSD_JAX_NO_COMPILE_CACHE=1), and not on Intel CPUs unless asked (SSD_JAX_COMPILE_CACHE=1): XLA:CPU rejects its
+  own cached programs on many Intel hosts (LLVM tuning flags taken for missing CPU features, openxla/xla#44565), so
+  every load there fails with an error line and compiles again."""
+  if os.environ.get("SSD_JAX_NO_COMPILE_CACHE"):
+    return False
+  return bool(os.environ.get("SSD_JAX_COMPILE_CACHE")) or not _intel_cpu()
+
+
 def compile_cache() -> str | None:
   """Keeps XLA's compiled programs on disk (JAX's persistent compilation cache) for the scripts, so a second run of
   the same command loads them instead of compiling again; returns the directory, or None when off.
@@ -37,9 +47,7 @@ def compile_cache() -> str | None:
   if os.environ.get("SSD_JAX_NO_COMPILE_CACHE"):
     return None
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    if not os.environ.get("SSD_JAX_COMPILE_CACHE") and _intel_cpu():
-      # XLA:CPU rejects its own cached programs on many Intel hosts (LLVM tuning flags taken for missing CPU
-      # features, openxla/xla#44565): every load fails with an error line and recompiles. Off there unless asked.
+    if not compile_cache_reloads():
       return None
     root = os.environ.get("SSD_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ssd-jax"))
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(root, "xla")

@@ -8,14 +8,34 @@ import pytest
 # default, 240 s at -O0). Scripts the tests start inherit it; a user's runs keep XLA's default. Set XLA_FLAGS to choose
 # otherwise.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+
+
+def _own_folder(env: str, prefix: str) -> None:
+  """Points `env` at a new temporary folder, removed when the process that made it exits (the xdist controller:
+  its workers, and the scripts tests start, inherit the variable and share the folder)."""
+  if env not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+    os.environ[env] = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, os.environ[env], ignore_errors=True)
+
+
 # This machine's calibration (bench.py --calibrate: K per batch, the default mode) would change what tests without a
 # mode or K run: the suite reads step costs from a folder of its own, empty unless a test writes there.
-if "SSD_JAX_STEP_COSTS" not in os.environ:
-  import atexit
-  import shutil
-  import tempfile
-  os.environ["SSD_JAX_STEP_COSTS"] = tempfile.mkdtemp(prefix="ssd-jax-test-step-costs-")
-  atexit.register(shutil.rmtree, os.environ["SSD_JAX_STEP_COSTS"], ignore_errors=True)  # the process that made it
+_own_folder("SSD_JAX_STEP_COSTS", "ssd-jax-test-step-costs-")
+# Compiling is most of this suite's time, and its tests compile the same programs again and again (each decoder
+# compiles its own ahead of time; every script a test starts compiles the real pair anew). XLA's persistent
+# compilation cache, in a folder of the run's own (a run starts cold, as CI does), serves an identical program's
+# executable to every later decoder, worker and script: the key is the program, its compile options and flags, and
+# the jaxlib version, so a changed program (a planted mutation, another XLA flag) compiles afresh; a program with a
+# host callback is never cached. Where the scripts keep it off (cli_util.compile_cache_reloads), so does the suite.
+from ssd_jax.cli_util import compile_cache_reloads  # noqa: E402 - imports no JAX
+
+if compile_cache_reloads():
+  _own_folder("JAX_COMPILATION_CACHE_DIR", "ssd-jax-test-xla-cache-")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 def pytest_configure(config):
