@@ -26,6 +26,7 @@ import sys
 from ssd_jax import settings
 from ssd_jax.cli_util import braces, fail, run_main
 from ssd_jax.decode.options import FAN_OUT_STRATEGIES
+from ssd_jax.models.config import is_eagle
 from ssd_jax.theory.timing_model import expected_tokens
 
 
@@ -56,10 +57,10 @@ def main(argv=None):
 
   pipe, dcfg, dparams, fan_outs = load_pair(args)
   tcfg, tparams = pipe.target.cfg, pipe.target.params
-  is_eagle = getattr(dcfg, "kind", None) == "eagle"
+  eagle = is_eagle(dcfg)
   stats = make_stats(tcfg, dcfg)
   cached = read_answers(args.answers)
-  cost = step_cost(tcfg, tparams, dcfg, dparams, is_eagle)
+  cost = step_cost(tcfg, tparams, dcfg, dparams, eagle)
 
   def replay(answer_ranks):
     return {k: {**acceptance.summarize([acceptance.replay_greedy_rounds(r, k, f) for r in answer_ranks], k),
@@ -69,7 +70,7 @@ def main(argv=None):
   for name in [d for d in args.datasets.split(",") if d]:
     prompts = datasets.load_prompts(name, args.num_prompts)
     answers = target_answers(pipe, name, prompts, args, cached)
-    if is_eagle:
+    if eagle:
       report[name] = eagle_set_report(pipe, tparams, tcfg, dparams, dcfg, prompts, answers, fan_outs)
       r = report[name]
       print(f"[eval] {name}: greedy agreement by depth {r['agreement_by_depth'][:4]}, SSD replay K=2 per-token "
@@ -81,7 +82,7 @@ def main(argv=None):
     print(f"[eval] {name}: greedy alpha {report[name]['alpha_greedy']:.3f}, T=1 alpha {report[name]['alpha_t1']:.3f} "
           f"over {report[name]['positions']} positions", file=sys.stderr, flush=True)
   names = list(report)
-  if is_eagle:
+  if eagle:
     return print_eagle(report, names, cost, args, fan_outs)
   return print_standalone(report, names, {"replayed_greedy": replay(pooled_ranks)}, cost, args, fan_outs)
 
@@ -104,7 +105,7 @@ def load_pair(args):
       fail(str(e))
   if dcfg.vocab_size != pipe.target.cfg.vocab_size:
     fail("draft and target vocabularies differ")
-  if getattr(dcfg, "kind", None) == "eagle":
+  if is_eagle(dcfg):
     from ssd_jax.models import eagle
     dparams = eagle.attach_target(dparams, pipe.target.params)
   return pipe, dcfg, draft_weights.quantize_draft(dcfg, dparams, args.draft_weights), fan_outs
@@ -145,12 +146,12 @@ def read_answers(path: str | None) -> dict:
     fail(f"cannot read --answers {path}: {e}")
 
 
-def step_cost(tcfg, tparams, dcfg, dparams, is_eagle: bool) -> dict:
+def step_cost(tcfg, tparams, dcfg, dparams, eagle_draft: bool) -> dict:
   """Returns the draft's and the target's decode-step time (interleaved) and multiply-accumulates per token."""
   from ssd_jax.bench.step_cost import compiled_eagle_step, compiled_step, interleaved_ms, macs_per_token
-  draft_step = compiled_eagle_step(dcfg, dparams) if is_eagle else compiled_step(dcfg, dparams)
+  draft_step = compiled_eagle_step(dcfg, dparams) if eagle_draft else compiled_step(dcfg, dparams)
   step_ms = interleaved_ms({"target": compiled_step(tcfg, tparams), "draft": draft_step})
-  if is_eagle:
+  if eagle_draft:
     from ssd_jax.models import eagle
     d_macs = eagle.macs_per_token(dcfg, fused=False)
   else:

@@ -31,6 +31,7 @@ from .preflight import LoadPlan, Run, draft_dir, prepare, resolve_weights
 from .settings import MODES, SSD_PLACEMENTS, WEIGHTS, LoadSettings, check_batch_size, check_mode
 from .sharding import Placement, make_placement
 from .models.tokenizer import TextTokenizer
+from .models.config import is_eagle
 
 
 DraftLostWarning = speculator.DraftLostWarning  # a run went on without its lost draft side
@@ -359,7 +360,7 @@ def load_prepared(plan: LoadPlan, draft_head_counts=None) -> Pipeline:
   d = None
   if path is not None:
     mesh = Mesh(np.asarray([placement.draft_device]), ("tp",))
-    if getattr(dcfg, "kind", None) == "eagle":  # an EAGLE draft reads with the target's embedding and head
+    if is_eagle(dcfg):  # an EAGLE draft reads with the target's embedding and head
       from .models.eagle import attach_target, check_target
       dcfg, dparams, _ = checkpoints.load_model(path, dtype, mesh=mesh)
       check_target(dcfg, tcfg)

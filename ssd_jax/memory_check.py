@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 
+from .models.config import is_eagle
+
 GIB = 2.0**30
 
 
@@ -98,7 +100,7 @@ def param_bytes(cfg, dtype, weights: str = "full", tp: int = 1) -> int:
   from .models.quant import LAYER_MATRICES
   from .sharding import param_specs
 
-  if getattr(cfg, "kind", None) == "eagle":
+  if is_eagle(cfg):
     return 0
   item = np.dtype(dtype).itemsize
 
@@ -157,7 +159,7 @@ def draft_params(plan):
 
   s, fmt = plan.settings, resolve(plan.settings.draft_weights)
   got = model_params(plan.draft, s.dtype, fmt)
-  if got is None or plan.draft_head_vocab is None or getattr(got[0], "kind", None) == "eagle":
+  if got is None or plan.draft_head_vocab is None or is_eagle(got[0]):
     return got
   cfg = dataclasses.replace(got[0], head_vocab=plan.draft_head_vocab, full_embed=True, tie_embeddings=False)
   return cfg, param_bytes(cfg, got[2], fmt), got[2]
@@ -189,7 +191,7 @@ def draft_config(plan, run=None):
   if plan.draft is None or (run is not None and run.mode == "ar"):
     return None
   dcfg = plan.draft_cfg
-  if plan.draft_head_vocab is not None and getattr(dcfg, "kind", None) != "eagle":
+  if plan.draft_head_vocab is not None and not is_eagle(dcfg):
     dcfg = dataclasses.replace(dcfg, head_vocab=plan.draft_head_vocab)
   return dcfg
 

@@ -17,6 +17,7 @@ from . import defaults
 from .decode.auto_k import K_MAX
 from .decode.options import SpecOptions
 from .models import checkpoints, drafts
+from .models.config import is_eagle
 from .settings import LoadSettings, check_mode
 
 
@@ -132,7 +133,7 @@ def prepare(target: str = checkpoints.TARGET_NAME, draft: str | None = "default"
   if path is not None:  # a draft of another vocabulary is refused before any weight is read
     dcfg, dtok = drafts.read_vocab(path)
     plan.draft_cfg = dcfg
-    if getattr(dcfg, "kind", None) != "eagle":
+    if not is_eagle(dcfg):
       drafts.check_shared_tokenizer(dcfg, dtok, *drafts.read_vocab(source), path)
     elif draft_head_vocab is not None:
       raise ValueError("draft_head_vocab cuts a standalone draft's head; an EAGLE draft comes with its own")

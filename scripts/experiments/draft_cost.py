@@ -24,6 +24,7 @@ import time
 
 from ssd_jax import settings
 from ssd_jax.cli_util import braces, fail, run_main
+from ssd_jax.models.config import is_eagle
 
 
 def parse_args(argv=None):
@@ -79,7 +80,7 @@ def step_calls(cfg, params, b: int, prefix: int, cache_len: int) -> dict:
     logits, cache = model.forward_causal(params, toks, cache, cfg)
     return jnp.argmax(logits[:, -1], -1), cache
 
-  if getattr(cfg, "kind", None) == "eagle":  # one step reading its own hidden state (its head's logits, no argmax)
+  if is_eagle(cfg):  # one step reading its own hidden state (its head's logits, no argmax)
     from ssd_jax.bench.step_cost import compiled_eagle_step
     return {"step": compiled_eagle_step(cfg, params, prefix, cache_len, b)}
   calls = {}

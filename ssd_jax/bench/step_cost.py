@@ -17,6 +17,7 @@ from ..decode import auto_k
 from ..models import model
 from ..models.config import ModelConfig
 from ..models.kv_cache import KVCache
+from ..models.config import is_eagle
 
 
 def compiled_step(cfg: ModelConfig, params, tokens: int = 1, prefix: int = 300, cache_len: int = 512, batch: int = 1,
@@ -118,7 +119,7 @@ def measure(target, draft, batches=auto_k.BATCHES, k_max: int = auto_k.K_MAX, re
   timed as its own step): per batch and prefix the AR step, the verify of T = 2..k_max+1 tokens and the draft step
   (the target's KV cache in `kv_dtype`), all of a batch interleaved, medians of `repeats`."""
   ar, verify, drafted = ({p: {} for p in prefixes} for _ in range(3))
-  eagle = getattr(draft.cfg, "kind", None) == "eagle"
+  eagle = is_eagle(draft.cfg)
   for b in batches:
     steps = {}
     for t in range(1, k_max + 2):

@@ -23,6 +23,7 @@ from .base import Programs
 from .eagle_steps import eagle_observe, eagle_prefill, init_hist
 from .options import DecodeOptions
 from .steps import chain_after, draft_propose, draft_tree, prefill
+from ..models.config import is_eagle
 
 
 # The draft's KV cache is float32 whatever its weights' dtype; the plan (ssd_jax/plan) sizes it from this constant,
@@ -41,7 +42,7 @@ class SpecTree(NamedTuple):
 
 def reads_features(cfg) -> bool:
   """Whether a draft of this config reads the target's features (an EAGLE draft)."""
-  return getattr(cfg, "kind", None) == "eagle"
+  return is_eagle(cfg)
 
 
 def make_draft_model(cfg, params, attn_impl: str, put: Callable, programs: Programs, fetch: Callable = np.asarray,

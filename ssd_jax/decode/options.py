@@ -16,6 +16,7 @@ from ..models.config import ModelConfig, check_same_vocabulary
 from ..theory.fan_out import geometric_from, parse_fan_out
 from ..settings import SSD_PLACEMENTS, check_choice
 from .auto_k import AUTO, K_MAX
+from ..models.config import is_eagle
 
 FAN_OUT_STRATEGIES = ("uniform", "geometric")
 BACKUPS = ("auto", "neural", "fast", "ngram")  # backup.py; 'auto': Theorem 17 from the run's measured statistics
@@ -188,7 +189,7 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOption
     raise ValueError(f"the target {target_cfg.name!r} has a reduced head ({target_cfg.head_vocab} of "
                      f"{target_cfg.vocab_size} tokens); speculative decoding verifies with a full-vocabulary target")
   check_same_vocabulary(draft_cfg, target_cfg)
-  if getattr(draft_cfg, "kind", None) == "eagle":
+  if is_eagle(draft_cfg):
     from ..models.eagle import check_target
     check_target(draft_cfg, target_cfg)
   if tree and spec.widest > draft_cfg.out_vocab - 1:

@@ -44,6 +44,7 @@ from ..models.config import ModelConfig
 from ..kernels import MaskInfo, causal_mask_info
 from ..models.kv_cache import KVCache
 from . import eagle_steps
+from ..models.config import is_eagle
 
 DRAFT_STREAM, VERIFY_STREAM = 0x5EED, 0xC0DE
 
@@ -221,7 +222,7 @@ EAGLE = DraftKind(eagle_steps.linear, eagle_steps.step, unroll=True)  # drafts r
 
 def draft_kind(cfg) -> DraftKind:
   """Returns the DraftKind of a draft config: EAGLE for an EagleConfig, else TOKENS."""
-  return EAGLE if getattr(cfg, "kind", None) == "eagle" else TOKENS
+  return EAGLE if is_eagle(cfg) else TOKENS
 
 
 def _at(carried, idx):

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from .. import settings
-from .config import ModelConfig
+from .config import ModelConfig, is_eagle
 from .families import CheckpointError
 from .model_files import read_gguf
 
@@ -79,7 +79,7 @@ def _abstract_params(cfg):
   import jax
   import numpy as np_
 
-  if getattr(cfg, "kind", None) == "eagle":
+  if is_eagle(cfg):
     from . import eagle
     dummy = {"embed": jax.ShapeDtypeStruct((cfg.vocab_size, cfg.d_model), np_.float32),
              "final_norm": jax.ShapeDtypeStruct((cfg.d_model,), np_.float32)}
@@ -149,7 +149,7 @@ def load_checkpoint(directory: str, dtype: str | None = "auto", mesh=None):
     stored = ckptr.metadata(os.path.join(directory, "params"))
     stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)
-    if mesh is not None and getattr(cfg, "kind", None) != "eagle":
+    if mesh is not None and not is_eagle(cfg):
       abstract = _placed_abstract(cfg, abstract, stored, dtype, mesh)
     else:  # restore in the stored dtype (16-bit drafts), then give floating arrays the dtype asked for
       abstract = jax.tree.map(lambda a, m: jax.ShapeDtypeStruct(a.shape, getattr(m, "dtype", a.dtype)), abstract,
@@ -159,11 +159,11 @@ def load_checkpoint(directory: str, dtype: str | None = "auto", mesh=None):
     raise
   except Exception as e:
     raise CheckpointError(f"cannot read checkpoint {directory}: {type(e).__name__}: {str(e)[:300]}") from e
-  if getattr(cfg, "kind", None) != "eagle":
+  if not is_eagle(cfg):
     from .model import check_params
     check_params(params, cfg)
   # Orbax may hand back host numpy arrays; put them on the device once, or every jitted call would copy them.
-  return cfg, params if mesh is not None and getattr(cfg, "kind", None) != "eagle" else jax.device_put(params)
+  return cfg, params if mesh is not None and not is_eagle(cfg) else jax.device_put(params)
 
 
 def _placed_abstract(cfg, abstract, stored, dtype, mesh):

@@ -130,3 +130,9 @@ def tiny_config(vocab_size: int = 64, **overrides) -> ModelConfig:
               rope_theta=10000.0, tie_embeddings=True, max_seq_len=512, name="tiny")
   base.update(overrides)
   return ModelConfig(**base)
+
+
+def is_eagle(cfg) -> bool:
+  """Whether a draft's config is an EAGLE-3 draft's (models/eagle.EagleConfig, which reads the target's features),
+  the one place the draft kind is asked; any other config is a standalone model's."""
+  return getattr(cfg, "kind", None) == "eagle"

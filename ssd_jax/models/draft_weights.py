@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import settings
 from . import blocks
+from .config import is_eagle
 from .quant import LAYER_MATRICES
 
 
@@ -75,7 +76,7 @@ def quantize_draft(cfg, params: dict, draft_weights: str) -> dict:
   if resolve(draft_weights) == "full":
     return params
   out = dict(params)
-  if getattr(cfg, "kind", None) == "eagle":
+  if is_eagle(cfg):
     out["layer"] = _layer(params["layer"])
     out["fc"] = _q8(params["fc"], True)
     out["head"] = _q8(params["head"], False)

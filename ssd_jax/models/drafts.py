@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from .config import ModelConfig, check_same_vocabulary
+from .config import ModelConfig, check_same_vocabulary, is_eagle
 from .families import CheckpointError
 
 
@@ -137,7 +137,7 @@ def load_draft(path: str, target_cfg: ModelConfig, target_tok=None, head_vocab: 
   from . import checkpoints
 
   dcfg, dtok = read_vocab(path)
-  if getattr(dcfg, "kind", None) == "eagle":
+  if is_eagle(dcfg):
     raise ValueError(f"{path} is an EAGLE draft; it reads the target's features and is loaded by api.load")
   check_shared_tokenizer(dcfg, dtok, target_cfg, None if target_tok is None else target_tok.tok, path)
   cfg, params, _ = checkpoints.load_model(path, dtype, mesh=mesh)

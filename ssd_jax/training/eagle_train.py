@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from ..models import eagle
+from ..models.config import is_eagle
 from ..models.eagle import EagleConfig
 from .eagle_data import Shard, choose_head, load_shards, make_batch, pack, split_in_memory, window_order
 
@@ -316,7 +317,7 @@ def main_from_args(args, corpora, tcfg, tparams, layers, log, in_memory=None) ->
   head_path = os.path.join(args.work_dir, "head_ids.npy")
   if args.init_from:
     cfg, own = checkpoints.load_checkpoint(args.init_from, dtype="float32")  # float32 master weights
-    if getattr(cfg, "kind", None) != "eagle":
+    if not is_eagle(cfg):
       raise ValueError(f"--init-from {args.init_from} is not an EAGLE draft")
     params = eagle.attach_target(own, tparams)
   else:
