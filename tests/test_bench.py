@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -436,3 +437,27 @@ def test_calibrate_measures_each_mode_and_names_the_default_it_gives(tmp_path):
   want = {"ar", "sd", "ssd"} if len(os.sched_getaffinity(0)) >= 2 else {"ar", "sd"}
   assert speeds.keys() == want and min(speeds.values()) > 0
   assert f"the default mode here is now {max(speeds, key=speeds.get)} (" in r.stdout
+
+
+def test_bench_takes_decode_pys_model_flags_and_hands_them_on(bench, monkeypatch):
+  """bench.py loads with decode.py's own model flags (cli_util.add_model_arguments: same names, defaults and
+  checks), and hands each to the load and to every variant: the KV cache's dtype, a cut draft head and the draft
+  process's timeout once existed in decode.py only."""
+  import argparse
+
+  from ssd_jax import api, cli_util
+  from ssd_jax.cli import bench_runs
+  model = argparse.ArgumentParser()
+  cli_util.add_model_arguments(model)
+  ours = vars(bench.parse_args([]))
+  assert {a.dest: a.default for a in model._actions if a.dest != "help"}.items() <= ours.items()
+  args = bench.parse_args(["--kv-dtype", "bfloat16", "--draft-head-vocab", "300", "--draft-timeout", "7",
+                           "--ssd-placement", "devices", "--modes", "ar,ssd"])
+  seen = {}
+  monkeypatch.setattr(api, "load", lambda *a, **kw: seen.update(kw) or SimpleNamespace(draft=object()))
+  bench_runs.load_pipe(args, ["ssd"])
+  assert (seen["kv_dtype"], seen["draft_head_vocab"], seen["ssd_placement"]) == ("bfloat16", 300, "devices")
+  assert {bench_runs.spec_options(v.opts).draft_timeout
+          for v in bench.bench_variants(args, bench.check_args(args)) if v.mode == "ssd"} == {7.0}
+  with pytest.raises(ValueError, match="KV cache dtype"):
+    bench.check_args(bench.parse_args(["--kv-dtype", "int3"]))

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder, rounds, ssd_loop
+from ssd_jax.decode import ARDecoder, DecodeOptions, SpecOptions, SSDDecoder, loop, rounds
 from ssd_jax.decode.draft import DraftModel
 
 from pairs import PROMPTS, perturbed
@@ -94,7 +94,7 @@ def test_the_round_parts_add_up_to_the_targets_idle_time(tiny_pair, perturbed_dr
   dec = SSDDecoder(cfg, tp, cfg, perturbed_draft, SpecOptions(k=2, fan_out=3, placement="devices"))
   ex = dec.generate(PROMPTS[:2], DecodeOptions(max_new_tokens=24, ignore_eos=True))[0].stats.extra
   parts = ex["round_parts_seconds"]
-  assert set(parts) == set(ssd_loop.ROUND_PARTS)
+  assert set(parts) == set(loop.ROUND_PARTS)
   assert min(parts.values()) >= 0 and parts["backup_wait"] > 0 and parts["lookup"] > 0
   assert sum(parts.values()) == pytest.approx(ex["target_idle_seconds"], abs=2e-3)
   assert 0 < ex["hit_rounds"] < ex["loop_rounds"]

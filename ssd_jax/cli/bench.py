@@ -28,7 +28,7 @@ import tempfile
 
 from .. import settings
 from ..bench.plan import SWEEPS
-from ..cli_util import braces, fail, k_arg, split_cpu
+from ..cli_util import add_model_arguments, braces, check_model_args, fail, k_arg, split_cpu
 from ..decode.options import BACKUPS, DecodeOptions  # no JAX
 from .bench_machine import ar_bandwidth, calibrate, print_verify_cost
 from .bench_peers import check_llamacpp, llamacpp_beside, load_peer
@@ -70,26 +70,9 @@ def parse_args(argv=None):
                       "series (ssd-fast, ...), combined with any --sweep: with --sweep batch one run measures SSD "
                       "with each backup against SD and AR at every batch size")
   p.add_argument("--saguaro-c", type=float, default=1.0, help="ssd: Saguaro sampling C in (0, 1] (1 = off)")
-  p.add_argument("--dtype", default="auto", metavar=braces(settings.DTYPES),
-                 help="params' dtype on device (auto: the checkpoint's on accelerators, float32 on a CPU)")
-  p.add_argument("--quantize", default="auto", metavar=braces(settings.WEIGHTS),
-                 help="target weights: auto (gguf for a GGUF target on one CPU device, else full), full, int8 "
-                 "(weight-only int8), gguf (the GGUF's own Q8_0/Q4_1 blocks)")
-  p.add_argument("--draft-weights", default="auto", metavar=braces(settings.DRAFT_WEIGHTS),
-                 help="the draft's: auto (q8_0 on a CPU, else full), full (as loaded), q8_0 (its matrices and "
-                      "head in Q8_0 blocks quantized at load: faster on a CPU, acceptance measured)")
-  p.add_argument("--attention", default="auto", metavar=braces(settings.ATTN_IMPLS),
-                 help="attention implementation: auto (the C++ kernel on a CPU, else ref), ref, cpu or pallas")
-  p.add_argument("--ssd-placement", default="auto", metavar=braces(settings.SSD_PLACEMENTS),
-                 help="SSD: the draft on its own JAX device of this process (both share the cores), or in its own "
-                      "process pinned to its own cores; auto (default, as decode.py and the API): processes on a CPU "
-                      "with 2+ usable cores, else devices; --sweep ssd-placement runs devices and processes side by "
-                      "side")
-  p.add_argument("--target-devices", type=int, default=1, help="devices of the target's tensor-parallel mesh")
-  p.add_argument("--draft-devices", type=int, default=1,
-                 help="1: the draft on its own device after the target's (SSD); 0: on the target's first device")
-  p.add_argument("--target", default="smollm2-135m-instruct", help="target name, checkpoint dir, GGUF or HF dir")
-  p.add_argument("--draft", default="default", help="draft checkpoint ('default' = the shipped draft)")
+  # What to load and where: decode.py's and serve.py's flags (--ssd-placement is every SSD variant's; --sweep
+  # ssd-placement runs devices and processes side by side).
+  add_model_arguments(p)
   p.add_argument("--tiny", action="store_true", help="a tiny random target and draft (smoke runs, tests)")
   p.add_argument("--baseline-cores", default="all", choices=["all", "target"],
                  help="target: AR, SD and the peer run pinned to the cores SSD's target gets in the processes "
@@ -121,8 +104,7 @@ def check_args(args) -> list[str]:
       fail(f"{name} {val} is out of range (--num-prompts >= 1, --max-new-tokens >= 2: a first token and a timed one)")
   # The settings' own checks (the API's lines); K, the fan-out, backup and Saguaro C: per variant (bench_variants).
   settings.check_batch_size(args.batch_size)
-  settings.LoadSettings(args.attention, args.ssd_placement, "auto", args.quantize, args.dtype, args.target_devices,
-                        args.draft_devices, args.draft_weights)
+  check_model_args(args)
   DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                 ar_chunk=args.ar_chunk, sd_chunk=args.sd_chunk)
   if args.sweep_values and not args.sweep:
@@ -211,7 +193,7 @@ def bench_variants(args, modes) -> list:
   where = defaults.resolve(True, make_placement(args.target_devices, args.draft_devices), args.ssd_placement)[1]
   base = {"k": args.k, "fan_out": args.fan_out, "fan_out_miss": args.fan_out_miss, "backup": args.backup,
           "saguaro_c": args.saguaro_c, "temperature": args.temperature, "batch_size": args.batch_size,
-          "ssd_placement": where, "ar_chunk": args.ar_chunk,
+          "ssd_placement": where, "draft_timeout": args.draft_timeout, "ar_chunk": args.ar_chunk,
           "sd_chunk": args.sd_chunk, "cores": "all"}
   values = args.sweep_values.split(",") if args.sweep_values else None
   backups = [b for b in args.backups.split(",") if b] if args.backups else None

@@ -18,8 +18,9 @@ def load_pipe(args, modes):
     pipe.attn_impl = args.attention
   else:
     pipe = api.load(args.target, draft=args.draft if spec else None, attn_impl=args.attention,
-                    target_devices=args.target_devices, draft_devices=args.draft_devices, dtype=args.dtype,
-                    weights=args.quantize, draft_weights=args.draft_weights)
+                    target_devices=args.target_devices, draft_devices=args.draft_devices,
+                    ssd_placement=args.ssd_placement, dtype=args.dtype, weights=args.quantize,
+                    draft_head_vocab=args.draft_head_vocab, kv_dtype=args.kv_dtype, draft_weights=args.draft_weights)
   if spec and pipe.draft is None:
     fail("modes sd/ssd and the peer's hf-sd need a draft: none found (checkpoints/draft-smollm2 or --draft PATH)")
   return pipe
@@ -29,7 +30,8 @@ def spec_options(o: dict):
   """Returns a variant's SpecOptions (raises ValueError on bad settings)."""
   from ..decode import SpecOptions
   return SpecOptions(k=o["k"], fan_out=o["fan_out"], fan_out_miss=o["fan_out_miss"], backup=o["backup"],
-                     saguaro_c=o["saguaro_c"], placement=o["ssd_placement"])
+                     saguaro_c=o["saguaro_c"], placement=o["ssd_placement"],
+                     draft_timeout=o.get("draft_timeout", SpecOptions.draft_timeout))
 
 
 class Runner:

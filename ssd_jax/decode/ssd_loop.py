@@ -30,7 +30,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from ..models.config import ModelConfig
-from .loop import ROUND_PARTS, LoopState, RoundTimes
+from .loop import LoopState, RoundTimes
 from .speculator import HIT, DraftLost, Outcome, cached_tokens, find
 from .steps import verify
 
