@@ -80,6 +80,9 @@ class Pipeline:
     # Default: the target on the first device and the draft (SSD) on the next one, when the platform has two.
     self.placement = placement or make_placement(1, 1)
     self._decoders = {}
+    # Where `bench.py --calibrate` keeps each mode's speed under the key of the load that made this pipeline, for
+    # decode.py's plan to read before loading (preflight.LoadPlan.measured_modes_path); None: not made by a load.
+    self.measured_modes_path = None
 
   def encode_prompt(self, prompt: str, chat: bool = True, **template_kwargs) -> list[int]:
     """Returns the prompt's ids: under the model's chat template (template_kwargs: its switches, such as Qwen3's
@@ -368,8 +371,10 @@ def load_prepared(plan: LoadPlan, draft_head_counts=None) -> Pipeline:
     else:
       dcfg, dparams = drafts.load_draft(path, tcfg, tok, plan.draft_head_vocab, draft_head_counts, dtype, mesh)
     d = LoadedModel(dcfg, draft_weights.quantize_draft(dcfg, dparams, s.draft_weights), path)
-  return Pipeline(LoadedModel(tcfg, tparams, target), tok, d, s.attn_impl, placement, s.ssd_placement, s.kv_dtype,
+  pipe = Pipeline(LoadedModel(tcfg, tparams, target), tok, d, s.attn_impl, placement, s.ssd_placement, s.kv_dtype,
                   weights, s.draft_weights)
+  pipe.measured_modes_path = plan.measured_modes_path()
+  return pipe
 
 
 def load_tiny(seed: int = 0, target_devices: int = 1, draft_devices: int = 1, eagle: bool = False,

@@ -86,10 +86,29 @@ class LoadPlan:
   draft_head_vocab: int | None = None
 
   def mode_and_placement(self) -> tuple[str, str]:
-    """Returns (default mode, SSD placement with 'auto' resolved), as the Pipeline will (defaults.resolve) on a machine
-    without `bench.py --calibrate`'s speeds; with them the Pipeline's default mode may differ (they are keyed by the
-    loaded weights' formats, which a plan does not have yet)."""
-    return defaults.resolve(self.draft is not None, self.placement, self.settings.ssd_placement)
+    """Returns (default mode, SSD placement with 'auto' resolved), as the Pipeline will (defaults.resolve): the
+    fastest mode `bench.py --calibrate` measured for this load on this machine (`measured_modes`), else the backend's
+    table. decode.py decides from it before any weight is read (under AR it loads no draft)."""
+    return defaults.resolve(self.draft is not None, self.placement, self.settings.ssd_placement,
+                            self.measured_modes())
+
+  def measured_modes_path(self) -> str:
+    """Where `bench.py --calibrate` keeps each mode's speed for this load (api.Pipeline.measured_modes_path), keyed by
+    what a plan knows before any weight is read: the target and the draft, the weight formats ('auto' resolved),
+    the attention, the dtypes, the target's devices and a cut draft head (the step costs themselves are keyed by
+    the loaded params' formats, which a plan does not have)."""
+    from .decode import auto_k
+
+    s = self.settings
+    where = lambda p: os.path.abspath(p) if p is not None and os.path.exists(p) else str(p)  # noqa: E731
+    return auto_k.costs_path("modes of a load", where(self.target), where(self.draft), s.weights, s.draft_weights,
+                             s.attn_impl, s.kv_dtype, s.dtype, str(s.target_devices), str(self.draft_head_vocab))
+
+  def measured_modes(self) -> dict | None:
+    """Returns each mode's tokens a second that `bench.py --calibrate` measured for this load here, or None."""
+    from .decode import auto_k
+
+    return auto_k.load_modes(self.measured_modes_path()) if self.draft is not None else None
 
   def without_draft(self) -> "LoadPlan":
     """Returns this plan with no draft (a run that will only decode AR reads none)."""

@@ -229,6 +229,29 @@ def test_the_default_mode_is_the_fastest_this_machine_measured(tmp_path, monkeyp
   assert pipe.mode_and_placement() == ("sd", "devices")  # one core: SSD's draft has nothing of its own
 
 
+def test_the_plan_reads_the_calibrated_default_before_any_weight(tmp_path, monkeypatch):
+  """decode.py decides the default mode, and so whether to load the draft at all, from its LoadPlan before any
+  weight is read. bench.py --calibrate's speeds reach that decision too, under a key a plan knows (target, draft,
+  weight formats, ...): on a backend whose table says AR (an accelerator nobody measured), a calibration that
+  measured SD faster keeps the draft; another weight format is another load, not calibrated."""
+  from ssd_jax import api, defaults
+  from ssd_jax.decode import auto_k
+  monkeypatch.setenv("SSD_JAX_STEP_COSTS", str(tmp_path))
+  monkeypatch.setattr(defaults, "FASTEST_MEASURED", {})  # nothing measured on this backend: AR
+  monkeypatch.setattr(defaults, "usable_cores", lambda: 2)
+  plan = api.prepare()  # the default pair; no weight read
+  assert plan.draft is not None and plan.mode_and_placement() == ("ar", "processes")
+  auto_k.save_modes(plan.measured_modes_path(), {"ar": 100.0, "sd": 120.0, "ssd": 90.0})
+  assert plan.mode_and_placement() == ("sd", "processes")
+  auto_k.save_modes(plan.measured_modes_path(), {"ar": 100.0, "sd": 120.0, "ssd": 130.0})
+  assert plan.mode_and_placement() == ("ssd", "processes")
+  other = api.prepare(weights="full")
+  assert other.measured_modes_path() != plan.measured_modes_path() and other.mode_and_placement()[0] == "ar"
+  assert plan.without_draft().mode_and_placement()[0] == "ar"
+  # The pipeline the plan loads carries the key calibrate writes under (bench_machine.calibrate).
+  assert api.load_prepared(plan).measured_modes_path == plan.measured_modes_path()
+
+
 _COMPILE = ("from ssd_jax.cli_util import compile_cache; d = compile_cache(); import jax, jax.numpy as jnp; "
             "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready(); print(d)")
 

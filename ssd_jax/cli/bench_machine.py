@@ -39,6 +39,8 @@ def calibrate(args, modes) -> int:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     f.write(costs.to_json())
+  if pipe.measured_modes_path is not None:  # the speeds again, under the key decode.py reads before it loads
+    auto_k.save_modes(pipe.measured_modes_path, costs.modes_tok_s, costs.about)
   a = pipe.auto_k_inputs(args.temperature)[1]
   prefix = auto_k.run_prefix([150], args.max_new_tokens)
   print(f"the default mode here is now {pipe.default_mode} (the fastest of "

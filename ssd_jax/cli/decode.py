@@ -36,8 +36,9 @@ def make_parser() -> argparse.ArgumentParser:
   src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
   src.add_argument("--prompts", help="a JSONL file with one {\"prompt\": ...} object per line")
   p.add_argument("--mode", default=None, metavar=braces(settings.MODES),
-                 help="default: the fastest measured where it runs (ssd_jax.defaults): sd on a CPU with the "
-                      "shipped draft, 1.34x ar there; ar when no draft is loaded or nothing was measured")
+                 help="default: the fastest `bench.py --calibrate` measured for this load on this machine, else "
+                      "the fastest measured on this backend (ssd_jax.defaults): sd on a CPU with the shipped draft; "
+                      "ar when no draft is loaded or nothing was measured")
   p.add_argument("--k", default="auto", type=k_arg,
                  help="draft tokens per round (sd, ssd): an integer, or auto (the default) to choose per batch from "
                       "this machine's step costs (scripts/bench.py --calibrate measures them; without them K=2 at "

@@ -218,6 +218,26 @@ def costs_path(*names: str) -> str:
   return os.path.join(folder, f"{digest}.json")
 
 
+def save_modes(path: str, modes_tok_s: dict, about: str = "") -> None:
+  """Writes each mode's measured tokens a second (`bench.py --calibrate`) to `path` (preflight.LoadPlan's key)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump({"modes_tok_s": modes_tok_s, "about": about}, f)
+  os.replace(tmp, path)
+
+
+def load_modes(path: str) -> dict | None:
+  """Returns the tokens a second by mode saved at `path` (save_modes), or None (none measured, or unreadable)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      modes = json.load(f)["modes_tok_s"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  ok = isinstance(modes, dict) and all(isinstance(v, (int, float)) and v > 0 for v in modes.values())
+  return modes if ok and modes else None
+
+
 def load_costs(path: str) -> CostTable | None:
   """Returns the step costs cached at `path`, or None (none measured yet, or unreadable: then the built-in K)."""
   try:
