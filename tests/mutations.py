@@ -412,4 +412,14 @@ MUTATIONS = [
              "if m in measured and (m != \"ssd\" or draft_has_own_hardware)]", "if m in measured]",
              ("tests/test_cli.py::test_the_default_mode_is_the_fastest_this_machine_measured",),
              "a machine where SSD measured fastest defaults to SSD even where its draft shares the target's hardware"),
+    Mutation("rows_ended_from_outside_keep_the_rounds_going", "ssd_jax/decode/rounds.py",
+             "s.go = self.spec is not None and not s.book.done.all()", "s.go = self.spec is not None",
+             ("tests/test_loop.py::test_rows_ended_from_outside_stop_the_batch_and_leave_the_others_alone",),
+             "AR and SD a call a round keep verifying until the draft side's book is done, though every row the "
+             "listener needed was ended (a server's batch runs to its longest max_tokens)"),
+    Mutation("ssd_draft_side_never_ends_a_row", "ssd_jax/decode/tree_draft.py",
+             "    if o.ended is not None:  # rows the target", "    if False:  # rows the target",
+             ("tests/test_loop.py::test_rows_ended_from_outside_stop_the_batch_and_leave_the_others_alone",),
+             "SSD's draft side is not told of rows the target ended from outside: the two sides' live rows, and so "
+             "their lookups, disagree"),
 ]

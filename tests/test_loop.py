@@ -95,3 +95,47 @@ def test_a_lost_draft_side_leaves_the_verify_in_hand_committed():
   assert isinstance(error, DraftLost) and strategy.closed
   assert book.commits == [(1, 10), (1, 11), (0, 42)] and int(last[0]) == 42
   assert committed == out["rounds"] == s.committed == 3 and s.pending is None
+
+
+END_AT = 3  # tokens after which the listener needs no more of a row
+
+
+def _ending(rows):
+  """Returns a stream over every row that ends each row of `rows` once it holds END_AT tokens (SpecBook.end)."""
+  from ssd_jax.decode import EveryRow
+  got = {}
+
+  def listen(row, ids):
+    got.setdefault(row, []).extend(ids)
+    return row in rows and len(got[row]) >= END_AT
+  return EveryRow(listen)
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "sd-unfused", "ssd-devices", "ssd-processes"])
+def test_rows_ended_from_outside_stop_the_batch_and_leave_the_others_alone(sd_pair, mode, strategies):
+  """A listener that needs no more of a row ends it (a server's request at its own stop string, or a client gone):
+  the other rows' greedy tokens are the ones they get without it, and once every row has ended the run stops,
+  in every strategy of the loop; SSD's draft side ends the same rows (its lookups agree with the target's, in its
+  own process too)."""
+  cfg, tp, dp = sd_pair
+  if mode == "ar":
+    dec = ARDecoder(cfg, tp)
+  elif mode.startswith("sd"):
+    dec = SDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2))
+  else:
+    dec = SSDDecoder(cfg, tp, cfg, dp, SpecOptions(k=2, fan_out=2, placement=mode.split("-")[1]))
+  prompts = PROMPTS + [[9, 10], [11]]
+  opts = DecodeOptions(max_new_tokens=16, ignore_eos=True, ar_chunk=1, sd_chunk=1 if mode == "sd-unfused" else 4)
+  try:
+    full = dec.generate(prompts, opts)
+    one = dec.generate(prompts, opts, stream=_ending({0}))
+    every = dec.generate(prompts, opts, stream=_ending(set(range(len(prompts)))))
+  finally:
+    getattr(dec, "close", lambda: None)()
+  want = [r.token_ids for r in full]
+  assert [r.token_ids for r in one][1:] == want[1:]
+  assert END_AT <= len(one[0].token_ids) < 16 and one[0].token_ids == want[0][:len(one[0].token_ids)]
+  for r, w in zip(every, want):
+    assert END_AT <= len(r.token_ids) < 16 and r.token_ids == w[:len(r.token_ids)]
+  (_, full_rounds, _), _, (_, every_rounds, _) = strategies  # the loop's rounds of each run
+  assert every_rounds < full_rounds  # the run stopped once every row had ended

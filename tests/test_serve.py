@@ -360,3 +360,35 @@ def test_serve_bench_refuses_bad_levels_in_one_line():
   r = run_script("serve_bench.py", "--concurrency", "2,x", timeout=120)
   assert r.returncode == 2 and r.stderr.strip().splitlines() == [
       "serve_bench.py: error: --concurrency takes comma-separated integers, got '2,x'"]
+
+
+def test_a_batch_stops_once_every_request_in_it_has_ended(monkeypatch):
+  """Static batching, the tiny pair: a request that ends early (at its own stop string) ends its row, so its batch
+  stops with the other request's 4 tokens instead of running to the 48 the first asked for; each answer is the one
+  it gets alone."""
+  from ssd_jax import api
+  from ssd_jax.decode import rounds
+
+  pipe = api.load_tiny()
+  long = pipe.generate(["ab"], max_new_tokens=48, temperature=0.0, chat=False, mode="ar")[0].text
+  stop = next(long[i:i + 2] for i in range(3, 20) if long.find(long[i:i + 2]) == i)  # its first occurrence
+  short = pipe.generate(["xy"], max_new_tokens=4, temperature=0.0, chat=False, mode="ar")[0].text
+  run, calls = rounds.run_rounds, []
+  monkeypatch.setattr(rounds, "run_rounds", lambda st, s: calls.append(run(st, s)) or calls[-1])
+  engine = Engine(pipe, max_batch=2, gather=5.0)  # the two requests share one batch
+  base = {"model": model_id(pipe), "temperature": 0, "mode": "ar"}
+  with serving(engine) as url:
+    answers = {}
+    asks = {"long": dict(base, prompt="ab", max_tokens=48, stop=[stop]), "short": dict(base, prompt="xy", max_tokens=4)}
+    threads = [threading.Thread(target=lambda n=n, b=b: answers.update({n: post(url + "/v1/completions", b)}))
+               for n, b in asks.items()]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(120)
+  (status, long_r, _), (status2, short_r, _) = answers["long"], answers["short"]
+  assert status == status2 == 200
+  assert long_r["choices"][0]["text"] == long[:long.index(stop)] and long_r["choices"][0]["finish_reason"] == "stop"
+  assert short_r["choices"][0]["text"] == short
+  assert len(calls) == 1 and long_r["ssd_jax"]["batch_rows"] == 2
+  assert calls[0]["rounds"] <= 2  # AR's chunks of 4 steps: the short request's tokens, not the long one's 48

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import time
 import weakref
 from typing import Callable, Sequence
 
@@ -65,7 +66,9 @@ def run_lookaheads(k: int, fan_out=None, sd_chunk: int = 1, ar_chunk: int = 4) -
   return target, tree_lookahead(k, tuple(fan_out)) if fan_out else target
 
 
-StreamFn = Callable[[int, list[int]], None]  # (row, new token ids) for the first request of a batch
+# (row, new token ids) for the first request of a batch; returning True ends the row (SpecBook.end): its listener
+# needs no more of it
+StreamFn = Callable[[int, list[int]], "bool | None"]
 
 
 class EveryRow:
@@ -75,8 +78,8 @@ class EveryRow:
   def __init__(self, fn: StreamFn):
     self.fn = fn
 
-  def __call__(self, row: int, ids: list[int]) -> None:
-    self.fn(row, ids)
+  def __call__(self, row: int, ids: list[int]) -> bool | None:
+    return self.fn(row, ids)
 
 
 def hears(stream, row: int) -> bool:
@@ -199,6 +202,7 @@ class SpecBook:
     self.out = [[int(first[i])] for i in range(b)]
     self.seqs = [list(p) + [int(first[i])] for i, p in enumerate(prompts)]
     self.done = np.array([opts.cut_at_stop(self.out[i])[1] or opts.max_new_tokens <= 1 for i in range(b)])
+    self.ended = np.zeros(b, bool)  # rows ended from outside (end): done, though no stop or length ended them
     self.forwards = np.ones(b, np.int64)    # target forwards, prefill included
     self.finish = np.full(b, now)
     self.accepted = np.zeros((b, k), np.int64)  # rounds in which draft position j was accepted
@@ -231,8 +235,18 @@ class SpecBook:
       if stopped or len(self.out[i]) >= self.opts.max_new_tokens:
         self.done[i] = True
         self.finish[i] = now
-      if hears(stream, i):
-        stream(int(i), new)
+      if hears(stream, i) and stream(int(i), new) is True:  # the listener needs no more of this row
+        self.end([i], now)
+
+  def end(self, rows, now: float | None = None) -> None:
+    """Ends `rows` from outside (a request that a server finished at its own stop string, or whose client went
+    away): each stays in the batch, inactive (its verify ignored, as a done row's), and the run ends once every row
+    is done. A draft side that keeps its own book is told with the outcome (speculator.Outcome.ended)."""
+    now = time.perf_counter() if now is None else now
+    rows = np.asarray(rows)
+    for i in (np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64).ravel()):
+      if not self.done[i]:
+        self.done[i], self.ended[i], self.finish[i] = True, True, now
 
   def results(self, mode: str, t_prefill: float, t_start: float, extra_of) -> list[DecodeResult]:
     """Returns one DecodeResult per row; extra_of(i) adds mode-specific statistics."""

@@ -322,7 +322,8 @@ class StepRounds:
     self.nxt = target.stage(s.book, rnd + 1, s.last)
     t.commit += time.perf_counter() - t_sent
     self.spec = link.receive()
-    s.go = self.spec is not None
+    # The target's book decides too: a row ended from outside (SpecBook.end) the draft side's book has not heard of.
+    s.go = self.spec is not None and not s.book.done.all()
     t.wait += time.perf_counter() - t_verified
 
 

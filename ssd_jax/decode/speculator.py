@@ -45,6 +45,9 @@ class Outcome:
   #                         process (SD's chain reads them on the device); None from a draft process
   made: Any = None        # [B, n-1]: the tokens before the bonus when the target made them itself (AR's chunk of n
   #                         steps, rounds.TargetSide); None: they are the speculation served
+  ended: Any = None       # [B] bool: rows the target's book has ended from outside (SpecBook.end) once this outcome
+  #                         was committed; a draft side that looks outcomes up (SSD) ends them too, so that both
+  #                         sides find the same live rows; None: none
 
 
 @dataclasses.dataclass

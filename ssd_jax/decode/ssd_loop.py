@@ -90,7 +90,7 @@ class SSDHostRounds:
     cache = link.cache()  # built while the verify ran: normally here already
     t_cache = time.perf_counter()
     t.bytes_in += cache.nbytes
-    outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats)
+    outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats, ended=_ended(book))
     t.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
     if book.done.all():  # no next dispatch: the last round's commit is no idle time
       link.send("outcome", outcome)
@@ -131,6 +131,11 @@ def _next_speculation(target, link, cache, branch, outcome, hit: bool):
   spec = link.receive()
   t_sent = time.perf_counter()
   return (*target.to_target(spec), spec.tokens, t_found, t_sent, _nbytes(spec))
+
+
+def _ended(book):
+  """Returns the rows `book` has ended from outside (SpecBook.end), for the draft side's book; None when none."""
+  return book.ended.copy() if book.ended.any() else None
 
 
 def _nbytes(spec) -> int:
@@ -249,7 +254,7 @@ class HostRounds:
     t_cache = time.perf_counter()
     feats = None if feats is None else np.asarray(feats)
     t.bytes_in += cache.nbytes
-    outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats)
+    outcome = Outcome(acc, bonus, t_verified - self.t_dispatch, feats, ended=_ended(book))
     t.bytes_out += acc.nbytes + bonus.nbytes + (feats.nbytes if feats is not None else 0)
     if book.done.all():  # no next round: the last commit is no idle time
       link.send("outcome", outcome)

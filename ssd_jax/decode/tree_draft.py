@@ -139,6 +139,8 @@ class TreeDraft:
     live = ~self.book.done
     lens_before = observe(self.model, self.book, o)
     self.book.commit(o.accept_len, o.bonus, self.served_host, t_recv)
+    if o.ended is not None:  # rows the target's book ended from outside after this outcome: the same live rows
+      self.book.end(o.ended, t_recv)
     record_round(self.tally, self.backup_kind, live, self.book.seqs, lens_before, self.row_hit)
     t_in = time.perf_counter()
     self.phase_s["commit"] += t_in - t_recv

@@ -5,8 +5,10 @@ same `Settings`, fitting the context together), up to `max_batch`, and runs them
 their max_tokens. Each row streams as it commits (decode.EveryRow), and its request's `Reply` cuts it at the
 request's own max_tokens, stop ids and stop strings: a prefix of a sample is a sample of the prefix, and a greedy row's
 tokens do not depend on the batch, so each answer is the one its request would get alone. A request that arrives
-while a batch runs waits for the next one; a finished or cancelled request's row runs on to the batch's end, its
-tokens dropped (joining and leaving a running batch between rounds, continuous batching, is not done yet).
+while a batch runs waits for the next one. A request that ends early (its own max_tokens or stop string) or whose
+client goes away ends its row at its next commit (decode.SpecBook.end): the row stays in the batch, inactive, and the
+batch stops as soon as every row has ended, so a long request that nobody waits for no longer holds up the queue.
+Joining a running batch between rounds (continuous batching) is not done yet.
 """
 from __future__ import annotations
 
@@ -74,21 +76,25 @@ class Job:
       except RuntimeError:  # the server's loop closed under it (shutting down): nobody is listening
         self.cancelled = True
 
-  def take(self, ids: list[int]) -> None:
-    """Adds its row's newly committed tokens; sends the new text, and the end when the request ends here."""
+  def take(self, ids: list[int]) -> bool:
+    """Adds its row's newly committed tokens; sends the new text, and the end when the request ends here. Returns
+    True once the request needs no more tokens (it ended here, at its own max_tokens or stop, or was cancelled):
+    the decoder then ends its row (decode.SpecBook.end), and a batch whose rows have all ended stops."""
     if self.cancelled or self.reply.finish is not None:
-      return
+      return True
     try:
       text = self.reply.add(ids)
     except Exception as e:  # called from inside the decoder's loop: a bug here must not stop the batch
       log.exception("request %d: its reply failed", self.id)
       self.send(Event(error=APIError(500, f"the reply failed: {type(e).__name__}: {e}", "server_error")))
       self.cancelled = True
-      return
+      return True
     if self.reply.finish is not None:
       self.send(self.ending(text))
-    elif text:
+      return True
+    if text:
       self.send(Event(text))
+    return self.cancelled  # a client that went away while this row ran
 
   def ending(self, text: str) -> "Event":
     """Returns the request's last event: its last text, why it ended, its usage and the batch's report."""
@@ -186,8 +192,8 @@ class Engine:
       self._cond.notify_all()
 
   def cancel(self, job: Job) -> None:
-    """Drops a request whose client went away: out of the queue if it waits, its output if it runs (its row runs on
-    to the batch's end)."""
+    """Drops a request whose client went away: out of the queue if it waits; if it runs, its output, and its row
+    ends at its next commit (Job.take)."""
     with self._cond:
       job.cancelled = True
       if job in self._waiting:
