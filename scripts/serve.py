@@ -18,7 +18,8 @@ import logging
 import socket
 import warnings
 
-from ssd_jax.cli_util import add_model_arguments, check_model_args, fail, prepare_model, run_main, split_cpu
+from ssd_jax.cli_util import (add_model_arguments, check_model_args, fail, follow_measured_cores, prepare_model,
+                              run_main, split_cpu)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -86,6 +87,7 @@ def main(argv=None):
   from ssd_jax.serve.app import create_app, make_server, model_id
   from ssd_jax.serve.engine import Engine
 
+  follow_measured_cores()  # before the plan counts the usable cores (SSD's placement, the default mode)
   plan = prepare_model(args, None if args.draft == "none" else args.draft, args.draft_head_vocab)
   plan.check_memory()
   log = server_log(args.log_level)

@@ -64,6 +64,22 @@ def compile_cache() -> str | None:
   return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
+def follow_measured_cores() -> list[int] | None:
+  """Pins this process to one core where `bench.py --calibrate` measured AR faster on one core than on all of them
+  on this machine (defaults.cores_to_use: a VM whose threads wake slowly, issue 56) and says so in one line; returns
+  the core kept, or None (every core kept: measured faster, not measured, or one core already)."""
+  from . import defaults
+
+  one = defaults.cores_to_use()
+  if one:
+    from .decode.draft_process import set_process_affinity
+    cores = len(os.sched_getaffinity(0))
+    set_process_affinity(one)
+    print(f"note: running on core {one[0]} of {cores}: `bench.py --calibrate` measured AR faster on one core than on "
+          f"all here (run it again to re-measure)", file=sys.stderr, flush=True)
+  return one
+
+
 class UsageError(Exception):
   """Bad user input: reported as one line, without a traceback."""
 

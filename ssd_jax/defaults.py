@@ -10,7 +10,7 @@ import os
 
 from .settings import MODES, SSD_PLACEMENTS
 
-__all__ = ["MODES", "SSD_PLACEMENTS", "auto_ssd_placement", "default_mode", "resolve", "usable_cores"]
+__all__ = ["MODES", "SSD_PLACEMENTS", "auto_ssd_placement", "cores_to_use", "default_mode", "resolve", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -70,6 +70,20 @@ def resolve(has_draft: bool, placement, ssd_placement: str = "auto", measured: d
   if where == "auto":
     where = auto_ssd_placement(backend, placement.tp, jax.process_count() > 1, usable_cores())
   return default_mode(has_draft, backend, draft_has_own_hardware(placement, where), measured), where
+
+
+def cores_to_use(measured: dict | None = None, cores: list[int] | None = None) -> list[int] | None:
+  """Returns the one core a run should keep when `bench.py --calibrate` measured AR faster on one core than on all of
+  `cores` (default: the usable ones) on this machine (`measured`: {"1": tok/s, "all": tok/s}, default: what it
+  saved, auto_k.cores_path; a VM whose threads wake slowly, issue 56), else None: keep them all. decode.py and
+  serve.py pin themselves to it (cli_util.follow_measured_cores)."""
+  cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+  if measured is None and len(cores) >= 2:
+    from .decode import auto_k
+    measured = auto_k.load_modes(auto_k.cores_path())
+  if not measured or len(cores) < 2 or "1" not in measured or "all" not in measured:
+    return None
+  return cores[:1] if measured["1"] > measured["all"] else None
 
 
 def draft_has_own_hardware(placement, where: str) -> bool:

@@ -432,11 +432,18 @@ def test_calibrate_measures_each_mode_and_names_the_default_it_gives(tmp_path):
   env = dict(os.environ, SSD_JAX_STEP_COSTS=str(tmp_path))
   r = run_script("bench.py", "--tiny", "--calibrate", env=env)
   assert r.returncode == 0, r.stderr[-3000:]
-  (path,) = tmp_path.glob("*.json")
-  speeds = json.loads(path.read_text())["modes_tok_s"]
-  want = {"ar", "sd", "ssd"} if len(os.sched_getaffinity(0)) >= 2 else {"ar", "sd"}
-  assert speeds.keys() == want and min(speeds.values()) > 0
+  saved = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+  (costs,) = [d for d in saved.values() if "tables" in d]
+  speeds, two = costs["modes_tok_s"], len(os.sched_getaffinity(0)) >= 2
+  assert speeds.keys() == ({"ar", "sd", "ssd"} if two else {"ar", "sd"}) and min(speeds.values()) > 0
   assert f"the default mode here is now {max(speeds, key=speeds.get)} (" in r.stdout
+  # AR on one core and on all (issue 56): with the costs, and for the machine, whatever the models.
+  assert len(saved) == 1 + two and (costs["cores_tok_s"] is None) == (not two)
+  if two:
+    cores = costs["cores_tok_s"]
+    assert cores.keys() == {"1", "all"} and min(cores.values()) > 0
+    assert [d["modes_tok_s"] for d in saved.values() if "tables" not in d] == [cores]
+    assert f"run on {'one core' if cores['1'] > cores['all'] else 'every core'} here" in r.stdout
 
 
 def test_bench_takes_decode_pys_model_flags_and_hands_them_on(bench, monkeypatch):

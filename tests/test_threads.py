@@ -84,3 +84,38 @@ def test_split_placement_keeps_each_sides_threads_on_its_cores():
     assert all(c == set(os.sched_getaffinity(0)) for c in _threads_cores(os.getpid()).values())
   finally:
     dec.close()
+
+
+def test_a_machine_measured_faster_on_one_core_runs_the_scripts_on_one(tmp_path):
+  """Where `bench.py --calibrate` measured AR faster on one core than on all (a VM whose threads wake slowly), the
+  scripts pin every thread of their process to the first core and say so in one line; measured faster on all, or
+  not measured, they keep every core (read from /proc, not from what the code echoes)."""
+  import subprocess
+  import sys
+
+  from ssd_jax import defaults
+  from ssd_jax.decode import auto_k
+  assert defaults.cores_to_use({"1": 120.0, "all": 80.0}, [3, 1]) == [1]
+  assert defaults.cores_to_use({"1": 80.0, "all": 120.0}, [0, 1]) is None
+  assert defaults.cores_to_use({"1": 120.0, "all": 80.0}, [0]) is None and defaults.cores_to_use({}, [0, 1]) is None
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) < 2:
+    pytest.skip("needs two usable cores")
+  code = ("import os, jax.numpy as jnp; from ssd_jax.cli_util import follow_measured_cores; "
+          "kept = follow_measured_cores(); (jnp.ones(64) * 2).block_until_ready(); "
+          "print(kept, sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir('/proc/self/task')}))")
+  env = dict(os.environ, SSD_JAX_STEP_COSTS=str(tmp_path))
+
+  def run():
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip(), r.stderr
+  assert run() == (f"None [{tuple(cores)}]", "")  # not measured: every core
+  path = subprocess.run([sys.executable, "-c", "from ssd_jax.decode import auto_k; print(auto_k.cores_path())"],
+                        capture_output=True, text=True, env=env, check=True).stdout.strip()
+  auto_k.save_modes(path, {"1": 90.0, "all": 120.0})
+  assert run() == (f"None [{tuple(cores)}]", "")  # measured faster on all
+  auto_k.save_modes(path, {"1": 120.0, "all": 90.0})
+  out, err = run()
+  assert out == f"[{cores[0]}] [({cores[0]},)]"  # every thread on the first core
+  assert err.count("\n") == 1 and f"running on core {cores[0]} of {len(cores)}" in err

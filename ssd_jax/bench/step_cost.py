@@ -7,6 +7,7 @@ interleaved order (a, b, a, b, ...), so drift on a shared machine hits them alik
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import jax
@@ -166,3 +167,28 @@ def measure_host(costs: auto_k.CostTable, decode, prefix: float, repeats: int = 
       f"token, SD {host['round']:.2f} ms a round; tokens a second: "
       + ", ".join(f"{m.upper()} {v:.1f}" for m, v in tok_s.items()))
   return dataclasses.replace(costs, host_ms=host, modes_tok_s=tok_s)
+
+
+def measure_cores(decode, repeats: int = 3, log=print) -> dict | None:
+  """Returns AR's tokens a second at batch 1 on the first usable core and on all of them ({"1": .., "all": ..}),
+  interleaved, medians of `repeats` after a warm-up each; None on fewer than two cores. `decode(mode)` as
+  measure_host's. The process is pinned to one core for the one-core runs (every thread: XLA's pool, whose kernels
+  then split their work in one part) and given its cores back after each."""
+  from ..decode.draft_process import set_process_affinity
+
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) < 2:
+    return None
+  speed = {"1": [], "all": []}
+  for i in range(repeats + 1):
+    for n in speed:
+      set_process_affinity(cores[:1] if n == "1" else cores)
+      try:
+        seconds, new, _ = decode("ar")
+      finally:
+        set_process_affinity(cores)
+      if i:
+        speed[n].append(new / seconds)
+  out = {n: round(float(np.median(v)), 2) for n, v in speed.items()}
+  log(f"[calibrate] AR at batch 1: {out['1']:.1f} tok/s on one core, {out['all']:.1f} on all {len(cores)}")
+  return out

@@ -18,8 +18,8 @@ import sys
 import warnings
 
 from .. import distributed, settings
-from ..cli_util import (add_model_arguments, braces, check_model_args, check_output_file, fail, k_arg, prepare_model,
-                        split_cpu, warn)
+from ..cli_util import (add_model_arguments, braces, check_model_args, check_output_file, fail,
+                        follow_measured_cores, k_arg, prepare_model, split_cpu, warn)
 from ..results_file import ResultsFile, settings_of
 from ..decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, SpecOptions  # no JAX
 
@@ -199,6 +199,7 @@ def main(argv=None):
     api.draft_dir(args.draft)  # unread under ar (a warning below), but a draft that is not there is still a mistake
   if args.fan_out_strategy == "geometric" and args.mode != "ar" and args.draft == "none":
     check_calibration(args, None)  # before prepare, which may fetch the target's weights
+  follow_measured_cores()  # before the plan counts the usable cores (SSD's placement, the default mode)
   plan = prepare_model(args, None if no_draft else args.draft, None if args.mode == "ar" else args.draft_head_vocab)
   default_mode, where = plan.mode_and_placement()
   spec = dataclasses.replace(spec, placement=where)

@@ -88,6 +88,9 @@ class CostTable:
   # Tokens a second each mode measured in the same real decodes at batch 1, K=1 ({"ar", "sd"[, "ssd"]}: SSD where the
   # draft has hardware of its own): the default mode on this machine is the fastest of them (defaults.default_mode).
   modes_tok_s: dict | None = None
+  # AR's tokens a second at batch 1 on the first usable core and on all of them ({"1", "all"}), where there are two
+  # or more: a machine whose second core slows the decode runs on one (defaults.cores_to_use).
+  cores_tok_s: dict | None = None
 
   def __post_init__(self):
     if not self.tables:
@@ -96,7 +99,8 @@ class CostTable:
 
   def to_json(self) -> str:
     return json.dumps({"about": self.about, "tables": [dataclasses.asdict(t) for t in self.tables],
-                       "host_ms": self.host_ms, "modes_tok_s": self.modes_tok_s}, indent=1, sort_keys=True)
+                       "host_ms": self.host_ms, "modes_tok_s": self.modes_tok_s, "cores_tok_s": self.cores_tok_s},
+                      indent=1, sort_keys=True)
 
   @classmethod
   def from_json(cls, text: str) -> "CostTable":
@@ -109,7 +113,10 @@ class CostTable:
     host = {name: float(host[name]) for name in ("ar", "round")} if host else None
     modes = d.get("modes_tok_s")
     modes = {str(m): float(v) for m, v in modes.items()} if modes else None
-    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host, modes)
+    cores = d.get("cores_tok_s")
+    cores = {str(n): float(v) for n, v in cores.items()} if cores else None
+    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host, modes,
+               cores)
 
   def at(self, batch: int, prefix: float | None = None) -> tuple[float, dict, float]:
     """Returns (AR ms, {T: verify ms}, draft ms) at `batch` after `prefix` cached tokens (None: DEFAULT_PREFIX):
@@ -219,7 +226,8 @@ def costs_path(*names: str) -> str:
 
 
 def save_modes(path: str, modes_tok_s: dict, about: str = "") -> None:
-  """Writes each mode's measured tokens a second (`bench.py --calibrate`) to `path` (preflight.LoadPlan's key)."""
+  """Writes tokens a second by mode (`bench.py --calibrate`) to `path`: preflight.LoadPlan's key (each mode's for a
+  load), or cores_path() (AR's on one core and on all, CostTable.cores_tok_s)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:
@@ -236,6 +244,12 @@ def load_modes(path: str) -> dict | None:
     return None
   ok = isinstance(modes, dict) and all(isinstance(v, (int, float)) and v > 0 for v in modes.values())
   return modes if ok and modes else None
+
+
+def cores_path() -> str:
+  """Returns where `bench.py --calibrate` keeps AR's speed on one core and on all for this machine (its CPU, backend
+  and usable cores, whatever the models: how the machine's threads wake is the machine's)."""
+  return costs_path("AR on one core and on all")
 
 
 def load_costs(path: str) -> CostTable | None:
