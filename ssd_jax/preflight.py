@@ -110,7 +110,6 @@ class LoadPlan:
 
     return auto_k.load_modes(self.measured_modes_path()) if self.draft is not None else None
 
-
   def without_draft(self) -> "LoadPlan":
     """Returns this plan with no draft (a run that will only decode AR reads none)."""
     return dataclasses.replace(self, draft=None, draft_cfg=None, draft_head_vocab=None)
