@@ -156,8 +156,7 @@ class Pipeline:
     ssd_placement, 'auto' resolved); raises ValueError when given both."""
     if spec is None:
       return SpecOptions(**{"placement": self.ssd_placement_in_use(), **settings})
-    defaults = {f.name: f.default for f in dataclasses.fields(SpecOptions)}
-    defaults["k"] = auto_k.AUTO  # generate()'s default
+    defaults = {f.name: f.default for f in dataclasses.fields(SpecOptions)}  # generate()'s defaults too
     if any(value != defaults[name] for name, value in settings.items()):
       raise ValueError("give either spec=SpecOptions(...) or its settings (k, fan_out, ...), not both")
     return spec

@@ -34,7 +34,7 @@ def auto_ssd_placement(backend: str, target_devices: int, multi_process: bool, c
 
 # The fastest mode measured on each backend with the shipped draft (scripts/bench.py; README, "Results"). A default
 # must never be slower than AR, so a backend nobody has measured runs AR. 2-core Intel Xeon, nothing else running,
-# after the few-row kernel and the greedy shortcut (2026-12-05, dbe3fe8): AR 26.70 tok/s, SD K=2 35.66 (1.34x; K=2 is
+# after the few-row kernel and the greedy shortcut (2026-12-05, dbe3fe8): AR 26.70 tok/s, SD K=2 35.66 (1.34x; K=2 was
 # the API's default), SSD K=2 with its draft in its own process 31.55 (1.18x). SD needs no hardware of its own, so it
 # is the CPU default at any core count.
 FASTEST_MEASURED = {"cpu": "sd"}

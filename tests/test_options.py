@@ -114,3 +114,19 @@ def test_a_setting_reads_the_same_line_wherever_it_is_caught():
     assert line(settings.LoadSettings, **bad) == line(elsewhere)
   assert masked_attention.IMPLS is settings.ATTN_IMPLS and kv_cache.KV_DTYPES is settings.KV_DTYPES
   assert checkpoints.DTYPES is settings.DTYPES
+
+
+def test_one_k_default_which_a_decoder_refuses_in_one_line(tiny_pair):
+  """K has one default, 'auto' (chosen per batch), in SpecOptions and in the API's generate alike; a decoder runs
+  one K, so one given k='auto' says how to fix it instead of failing deep inside."""
+  import inspect
+
+  from ssd_jax import api
+  from ssd_jax.decode import SDDecoder, SSDDecoder
+  assert SpecOptions().auto
+  for fn in (api.Pipeline.generate, api.Pipeline.generate_ids):
+    assert inspect.signature(fn).parameters["k"].default == SpecOptions().k
+  cfg, tp = tiny_pair
+  for decoder in (SDDecoder, SSDDecoder):
+    with pytest.raises(ValueError, match=r"runs one K: give SpecOptions\(k=\.\.\.\)"):
+      decoder(cfg, tp, cfg, tp, SpecOptions())

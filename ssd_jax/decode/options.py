@@ -100,7 +100,7 @@ class SpecOptions:
   ('devices') or in a child process on its own CPU cores ('processes'). draft_timeout: seconds the target waits for
   a draft process's reply before it finishes the run without it (its start and compiles get at least 600).
   """
-  k: int | str = 2
+  k: int | str = AUTO  # the one K default: chosen per batch (auto_k.choose_k; a decoder takes a fixed K, with_k)
   fan_out: tuple[int, ...] | int | str = 3
   fan_out_miss: tuple[int, ...] | int | str | None = None
   fan_out_strategy: str = "uniform"
@@ -152,6 +152,14 @@ class SpecOptions:
   def auto(self) -> bool:
     """Whether K is still to be chosen per batch (k='auto')."""
     return self.k == AUTO
+
+  def fixed(self, who: str) -> "SpecOptions":
+    """Returns these settings when K is fixed; raises ValueError naming `who` (a decoder runs one K) when it is
+    'auto', which only a Pipeline resolves per batch."""
+    if self.auto:
+      raise ValueError(f"{who} runs one K: give SpecOptions(k=...) (k='auto' is chosen per batch by a Pipeline: "
+                       "spec.with_k(pipe.choose_k(rows, temperature)))")
+    return self
 
   def with_k(self, k: int) -> "SpecOptions":
     """Returns these settings with K fixed to `k` (the choice for k='auto'; a single fan-out F spread over K+1)."""

@@ -28,9 +28,10 @@ class SDDecoder:
   head = dcfg = None  # the chain draft serves q over the full vocabulary
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params,
-               spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None,
+               spec: SpecOptions, attn_impl: str = "auto", placement: Placement | None = None,
                kv_dtype: str | None = None):
     """kv_dtype: the target KV cache's dtype (None or 'auto': the target params', kv_cache.cache_dtype)."""
+    spec = spec.fixed("SDDecoder")
     check_pair(target_cfg, draft_cfg, spec, tree=False)
     self.kv_dtype = cache_dtype(target_params, kv_dtype)
     self.placement = pl = placement or make_placement(1, 0)

@@ -36,13 +36,14 @@ class SSDDecoder:
   mode = "ssd"
 
   def __init__(self, target_cfg: ModelConfig, target_params, draft_cfg: ModelConfig, draft_params,
-               spec: SpecOptions = SpecOptions(), attn_impl: str = "auto", placement: Placement | None = None,
+               spec: SpecOptions, attn_impl: str = "auto", placement: Placement | None = None,
                calibration: dict | None = None, record_ranks: bool = False, target_cores=None, draft_cores=None,
                kv_dtype: str | None = None):
     """calibration: the draft's fan-out calibration (geometric fan-out); record_ranks: keep every round's bonus rank
     (scripts/calibrate_fan_out.py); target_cores, draft_cores: the 'processes' placement's split of the CPU cores
     (default: halves); kv_dtype: the target KV cache's dtype (None or 'auto': the target params',
     kv_cache.cache_dtype; the draft's cache is draft.CACHE_DTYPE)."""
+    spec = spec.fixed("SSDDecoder")
     check_pair(target_cfg, draft_cfg, spec)
     self.kv_dtype = cache_dtype(target_params, kv_dtype)
     self.spec, self.tcfg, self.dcfg, self.attn_impl, self.k = spec, target_cfg, draft_cfg, attn_impl, spec.k
