@@ -34,6 +34,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # t
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the list: a plain module of tests/
 from mutations import MUTATIONS, Mutation  # noqa: E402
 
+from ssd_jax.cli_util import compile_cache_reloads  # noqa: E402 - imports no JAX
+
 
 def copy_tree(dest: str) -> None:
   """Copies what the tests need (the package, the tests, the scripts some tests run, pytest's settings) into dest."""
@@ -105,6 +107,14 @@ def main(argv=None) -> int:
         json.dump({"ok": ok, **settings, "seconds": round(time.perf_counter() - t_start, 1), "rows": rows}, f,
                   indent=1)
 
+  # One persistent compilation cache for the whole run (tests/conftest.py would give each pytest run a cold one):
+  # a mutant compiles afresh only the programs its change touches (the cache key is the program itself). The
+  # unmutated copy then the 80 mutants: 1157 s instead of 1817 on the 2-core AMD EPYC VM, every one still caught.
+  shared = None
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ and compile_cache_reloads():
+    shared = tempfile.TemporaryDirectory(prefix="mutation-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = shared.name
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   if not args.no_baseline:
     tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
     with tempfile.TemporaryDirectory(prefix="mutation-base-") as d:
