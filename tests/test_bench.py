@@ -437,12 +437,11 @@ def test_calibrate_measures_each_mode_and_names_the_default_it_gives(tmp_path):
   speeds, two = costs["modes_tok_s"], len(os.sched_getaffinity(0)) >= 2
   assert speeds.keys() == ({"ar", "sd", "ssd"} if two else {"ar", "sd"}) and min(speeds.values()) > 0
   assert f"the default mode here is now {max(speeds, key=speeds.get)} (" in r.stdout
-  # AR on one core and on all (issue 56): with the costs, and for the machine, whatever the models.
-  assert len(saved) == 1 + two and (costs["cores_tok_s"] is None) == (not two)
+  # AR on one core and on all (issue 56): for the machine, whatever the models, where it has two cores.
+  assert len(saved) == 1 + two
   if two:
-    cores = costs["cores_tok_s"]
+    (cores,) = [d["modes_tok_s"] for d in saved.values() if "tables" not in d]
     assert cores.keys() == {"1", "all"} and min(cores.values()) > 0
-    assert [d["modes_tok_s"] for d in saved.values() if "tables" not in d] == [cores]
     assert f"run on {'one core' if cores['1'] > cores['all'] else 'every core'} here" in r.stdout
 
 

@@ -36,23 +36,23 @@ def calibrate(args, modes) -> int:
   costs = step_cost.measure_host(costs, decode, auto_k.run_prefix([len(host_prompt(pipe))], HOST_NEW_TOKENS),
                                  log=lambda m: print(m, flush=True), modes=("ar", "sd", "ssd") if own else ("ar", "sd"))
   # AR on one core and on all: a machine whose second core slows the decode (issue 56) gets runs on one.
-  costs = dataclasses.replace(costs, cores_tok_s=step_cost.measure_cores(decode, log=lambda m: print(m, flush=True)))
+  cores = step_cost.measure_cores(decode, log=lambda m: print(m, flush=True))
   path = pipe.step_costs_path()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     f.write(costs.to_json())
   if pipe.measured_modes_path is not None:  # the speeds again, under the key decode.py reads before it loads
     auto_k.save_modes(pipe.measured_modes_path, costs.modes_tok_s, costs.about)
-  if costs.cores_tok_s:  # the machine's, whatever the models
-    auto_k.save_modes(auto_k.cores_path(), costs.cores_tok_s, costs.about)
+  if cores:  # the machine's, whatever the models
+    auto_k.save_modes(auto_k.cores_path(), cores, costs.about)
   a = pipe.auto_k_inputs(args.temperature)[1]
   prefix = auto_k.run_prefix([150], args.max_new_tokens)
   print(f"the default mode here is now {pipe.default_mode} (the fastest of "
         + ", ".join(f"{m.upper()} {v:.1f}" for m, v in costs.modes_tok_s.items()) + " tok/s at batch 1, K=1)")
-  if costs.cores_tok_s:
-    one = defaults.cores_to_use(costs.cores_tok_s, sorted(os.sched_getaffinity(0)))
-    print(f"decode.py and serve.py run on {'one core' if one else 'every core'} here (AR "
-          f"{costs.cores_tok_s['1']:.1f} tok/s on one, {costs.cores_tok_s['all']:.1f} on all)")
+  if cores:
+    one = defaults.cores_to_use(cores, sorted(os.sched_getaffinity(0)))
+    print(f"decode.py and serve.py run on {'one core' if one else 'every core'} here (AR {cores['1']:.1f} tok/s on "
+          f"one, {cores['all']:.1f} on all)")
   print(f"step costs written to {path}; acceptance a = {a:.3f} at temperature {args.temperature:g}; "
         f"at {prefix:g} cached tokens (150-token prompts, {args.max_new_tokens} new):")
   for b in auto_k.BATCHES:

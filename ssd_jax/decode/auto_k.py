@@ -88,9 +88,6 @@ class CostTable:
   # Tokens a second each mode measured in the same real decodes at batch 1, K=1 ({"ar", "sd"[, "ssd"]}: SSD where the
   # draft has hardware of its own): the default mode on this machine is the fastest of them (defaults.default_mode).
   modes_tok_s: dict | None = None
-  # AR's tokens a second at batch 1 on the first usable core and on all of them ({"1", "all"}), where there are two
-  # or more: a machine whose second core slows the decode runs on one (defaults.cores_to_use).
-  cores_tok_s: dict | None = None
 
   def __post_init__(self):
     if not self.tables:
@@ -99,8 +96,7 @@ class CostTable:
 
   def to_json(self) -> str:
     return json.dumps({"about": self.about, "tables": [dataclasses.asdict(t) for t in self.tables],
-                       "host_ms": self.host_ms, "modes_tok_s": self.modes_tok_s, "cores_tok_s": self.cores_tok_s},
-                      indent=1, sort_keys=True)
+                       "host_ms": self.host_ms, "modes_tok_s": self.modes_tok_s}, indent=1, sort_keys=True)
 
   @classmethod
   def from_json(cls, text: str) -> "CostTable":
@@ -113,10 +109,7 @@ class CostTable:
     host = {name: float(host[name]) for name in ("ar", "round")} if host else None
     modes = d.get("modes_tok_s")
     modes = {str(m): float(v) for m, v in modes.items()} if modes else None
-    cores = d.get("cores_tok_s")
-    cores = {str(n): float(v) for n, v in cores.items()} if cores else None
-    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host, modes,
-               cores)
+    return cls(tuple(StepCosts.from_json(json.dumps(t)) for t in d["tables"]), d.get("about", ""), host, modes)
 
   def at(self, batch: int, prefix: float | None = None) -> tuple[float, dict, float]:
     """Returns (AR ms, {T: verify ms}, draft ms) at `batch` after `prefix` cached tokens (None: DEFAULT_PREFIX):
@@ -227,7 +220,7 @@ def costs_path(*names: str) -> str:
 
 def save_modes(path: str, modes_tok_s: dict, about: str = "") -> None:
   """Writes tokens a second by mode (`bench.py --calibrate`) to `path`: preflight.LoadPlan's key (each mode's for a
-  load), or cores_path() (AR's on one core and on all, CostTable.cores_tok_s)."""
+  load), or cores_path() (AR's on one core and on all, {"1", "all"})."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:

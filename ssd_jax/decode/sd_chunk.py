@@ -97,8 +97,7 @@ class SDChunks:
     t = self.target
     chain, sampling, root = self.chain.fused_inputs(blank)
     keys = chunk_keys(t.verify_root, root, rnd, n=n)
-    return (t.dec.tparams, t.cache, chain[0], chain[1], *chain[2:], last, tokens, q, active, *keys, t.temp, t.top_p,
-            *sampling)
+    return (t.dec.tparams, t.cache, *chain, last, tokens, q, active, *keys, t.temp, t.top_p, *sampling)
 
   def compile(self) -> None:
     """Compiles the chunk programs (n, n/2, .., 1 rounds) before the clock starts."""

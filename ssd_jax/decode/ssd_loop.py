@@ -204,7 +204,7 @@ class HostRounds:
     self.target, self.link, self.book = target, link, book
     self.served, self.greedy, self.head_ids = served, greedy, head_ids
     self.times = RoundTimes()
-    self.rnd, self.verified, self.pending_hit, self.error, self.lost = 1, 0, False, None, None
+    self.rnd, self.pending_hit, self.error, self.lost = 1, False, None, None
     self.stream = None
     self.t_dispatch = time.perf_counter()
     with _LOCK:
@@ -245,7 +245,7 @@ class HostRounds:
     t.verify += t_verified - self.t_dispatch
     link, book = self.link, self.book
     book.commit(acc, bonus, self.served, t_verified, self.stream)
-    self.verified = t.rounds = self.verified + 1
+    t.rounds += 1  # rounds verified and committed
     t_commit = time.perf_counter()
     if self.pending_hit:  # the draft process's reply to the last outcome: it found the same hits
       self.pending_hit = False
@@ -344,7 +344,7 @@ class SSDProgramRounds:
     # The program's time outside its rounds' verifies and host parts: what the calls themselves cost.
     t.dispatch_call += time.perf_counter() - t0 - (t.verify + t.idle - inside)
     t.calls += 1
-    s.committed = host.verified  # `s.last` holds the bonus of the last round committed
+    s.committed = t.rounds  # `s.last` holds the bonus of the last round committed
     if host.error is not None:
       raise host.error
     if host.lost is not None:  # the run goes on without the draft side from here
