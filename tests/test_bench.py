@@ -467,3 +467,9 @@ def test_bench_takes_decode_pys_model_flags_and_hands_them_on(bench, monkeypatch
           for v in bench.bench_variants(args, bench.check_args(args)) if v.mode == "ssd"} == {7.0}
   with pytest.raises(ValueError, match="KV cache dtype"):
     bench.check_args(bench.parse_args(["--kv-dtype", "int3"]))
+  with pytest.raises(UsageError, match="the --tiny pair's draft has its own reduced head"):
+    bench.check_args(bench.parse_args(["--tiny", "--draft-head-vocab", "100"]))
+  seen.clear()
+  monkeypatch.setattr(api, "load_tiny", lambda **kw: seen.update(kw) or SimpleNamespace(draft=object()))
+  bench_runs.load_pipe(bench.parse_args(["--tiny", "--kv-dtype", "bfloat16"]), ["sd"])
+  assert seen["kv_dtype"] == "bfloat16"

@@ -105,6 +105,8 @@ def check_args(args) -> list[str]:
   # The settings' own checks (the API's lines); K, the fan-out, backup and Saguaro C: per variant (bench_variants).
   settings.check_batch_size(args.batch_size)
   check_model_args(args)
+  if args.tiny and args.draft_head_vocab is not None:
+    fail("--draft-head-vocab cuts a loaded draft's head; the --tiny pair's draft has its own reduced head")
   DecodeOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                 ar_chunk=args.ar_chunk, sd_chunk=args.sd_chunk)
   if args.sweep_values and not args.sweep:

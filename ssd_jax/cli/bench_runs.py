@@ -14,7 +14,8 @@ def load_pipe(args, modes):
   from .. import api
   spec = any(m in ("sd", "ssd") for m in modes) or args.peer == "hf"
   if args.tiny:
-    pipe = api.load_tiny(seed=args.seed, target_devices=args.target_devices, draft_devices=args.draft_devices)
+    pipe = api.load_tiny(seed=args.seed, target_devices=args.target_devices, draft_devices=args.draft_devices,
+                         kv_dtype=args.kv_dtype)
     pipe.attn_impl = args.attention
   else:
     pipe = api.load(args.target, draft=args.draft if spec else None, attn_impl=args.attention,
