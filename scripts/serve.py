@@ -6,9 +6,11 @@
   python scripts/serve.py --port 8080 --max-batch 4 --draft none
 
 Then any OpenAI client: base_url http://127.0.0.1:8000/v1, any API key, model "smollm2-135m-instruct" (GET /v1/models
-names it). Requests may add ssd-jax's own fields: mode (ar, sd, ssd), k, fan_out. Waiting requests run in batches of
-up to --max-batch (static batching: one batch at a time; continuous batching is not done yet). SIGTERM or Ctrl-C
-stops taking requests, lets those in flight finish (up to --shutdown-timeout seconds) and exits.
+names it). Requests may add ssd-jax's own fields: mode (ar, sd, ssd), k, fan_out. Up to --max-batch requests run
+together: AR requests join a running batch between its steps and leave it as they end (continuous batching); SD and
+SSD requests run in batches of their own (docs/serving.md). Before serving, the AR batch's shapes compile
+(--no-warm-up: on first use instead). SIGTERM or Ctrl-C stops taking requests, lets those in flight finish (up to
+--shutdown-timeout seconds) and exits.
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ def make_parser() -> argparse.ArgumentParser:
                  help="max_tokens of a request that gives none (within the context)")
   p.add_argument("--shutdown-timeout", type=float, default=60.0,
                  help="seconds the answers in flight get to finish after SIGTERM or Ctrl-C")
+  p.add_argument("--batching", default="continuous", choices=["continuous", "static"],
+                 help="continuous: AR requests join a running batch between its steps (default); static: each batch "
+                      "runs to its end before the next starts")
+  p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                 help="skip compiling the AR batch's shapes before serving (they then compile on first use)")
   p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
   add_model_arguments(p)
   return p
@@ -96,7 +103,10 @@ def main(argv=None):
   warnings.filterwarnings("ignore", category=api.DraftLostWarning)
   warnings.filterwarnings("ignore", category=api.SlowerThanAR)
   engine = Engine(pipe, args.max_batch, args.max_queue, args.default_max_tokens,
-                  spec_settings={"draft_timeout": args.draft_timeout})
+                  spec_settings={"draft_timeout": args.draft_timeout}, batching=args.batching)
+  if args.warm_up and args.batching == "continuous":
+    log.info("compiling the batch shapes of up to %d requests (once; --no-warm-up skips it)", args.max_batch)
+    log.info("compiled in %.0f s", engine.warm())
   host, port = sock.getsockname()[:2]
   log.info(
       "serving %s on http://%s:%d/v1 (default mode %s, draft %s; Ctrl-C or SIGTERM stops it)", model_id(pipe),

@@ -422,4 +422,19 @@ MUTATIONS = [
              ("tests/test_loop.py::test_rows_ended_from_outside_stop_the_batch_and_leave_the_others_alone",),
              "SSD's draft side is not told of rows the target ended from outside: the two sides' live rows, and so "
              "their lookups, disagree"),
+    Mutation("slot_reshape_keeps_the_old_rows_lengths", "ssd_jax/decode/slots.py",
+             "lengths=cache.lengths[keep])", "lengths=jnp.resize(cache.lengths, (rows,)))",
+             ("tests/test_slots.py::test_rows_that_join_and_leave_keep_their_solo_greedy_tokens",),
+             "a continuous batch that shrinks moves its rows' entries but not their lengths: a row then attends over "
+             "another row's length"),
+    Mutation("slot_step_feeds_a_rows_token_before_its_last", "ssd_jax/decode/slots.py",
+             "self.last[i], self.length[i] = toks[i, -1]", "self.last[i], self.length[i] = toks[i, -2]",
+             ("tests/test_slots.py::test_rows_that_join_and_leave_keep_their_solo_greedy_tokens",),
+             "a continuous batch's next call is fed the token before each row's last one"),
+    Mutation("continuous_rows_never_leave", "ssd_jax/serve/engine.py",
+             "    self._slots.remove(job)\n", "    pass\n",
+             ("tests/test_serve.py::test_continuous_batching_a_request_joins_a_running_batch_and_leaves_at_its_own_end",
+              "tests/test_serve.py::test_continuous_batching_a_gone_client_frees_its_row_for_the_next_request"),
+             "a continuous row whose request ended (or whose client went away) keeps its row until the batch "
+             "drains: a waiting request cannot take it"),
 ]

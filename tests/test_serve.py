@@ -20,6 +20,7 @@ import openai
 import pytest
 from commands import run_script, script_path
 
+from ssd_jax.decode import DecodeOptions
 from ssd_jax.models.tokenizer import TextTokenizer, byte_level_tokenizer
 from ssd_jax.serve.app import create_app, make_server, model_id
 from ssd_jax.serve.engine import Engine
@@ -362,7 +363,7 @@ def test_serve_bench_refuses_bad_levels_in_one_line():
       "serve_bench.py: error: --concurrency takes comma-separated integers, got '2,x'"]
 
 
-def test_a_batch_stops_once_every_request_in_it_has_ended(monkeypatch):
+def test_a_static_batch_stops_once_every_request_in_it_has_ended(monkeypatch):
   """Static batching, the tiny pair: a request that ends early (at its own stop string) ends its row, so its batch
   stops with the other request's 4 tokens instead of running to the 48 the first asked for; each answer is the one
   it gets alone."""
@@ -375,7 +376,7 @@ def test_a_batch_stops_once_every_request_in_it_has_ended(monkeypatch):
   short = pipe.generate(["xy"], max_new_tokens=4, temperature=0.0, chat=False, mode="ar")[0].text
   run, calls = rounds.run_rounds, []
   monkeypatch.setattr(rounds, "run_rounds", lambda st, s: calls.append(run(st, s)) or calls[-1])
-  engine = Engine(pipe, max_batch=2, gather=5.0)  # the two requests share one batch
+  engine = Engine(pipe, max_batch=2, gather=5.0, batching="static")  # the two requests share one batch
   base = {"model": model_id(pipe), "temperature": 0, "mode": "ar"}
   with serving(engine) as url:
     answers = {}
@@ -392,3 +393,114 @@ def test_a_batch_stops_once_every_request_in_it_has_ended(monkeypatch):
   assert short_r["choices"][0]["text"] == short
   assert len(calls) == 1 and long_r["ssd_jax"]["batch_rows"] == 2
   assert calls[0]["rounds"] <= 2  # AR's chunks of 4 steps: the short request's tokens, not the long one's 48
+
+
+def _slow_steps(monkeypatch, seconds: float, calls: list):
+  """Makes each call of a continuous batch take at least `seconds` (the tiny pair is too fast to watch), counting
+  them in `calls` (the batch's live rows at each)."""
+  from ssd_jax.decode import slots
+
+  step = slots.SlotBatch.step
+
+  def slow(self):
+    calls.append(self.live)
+    time.sleep(seconds)
+    return step(self)
+
+  monkeypatch.setattr(slots.SlotBatch, "step", slow)
+
+
+def test_continuous_batching_a_request_joins_a_running_batch_and_leaves_at_its_own_end(monkeypatch):
+  """The tiny pair, continuous batching: a short request sent while a long one streams joins its batch between
+  calls and is answered while the long one still runs; each answer is the one its prompt gets alone."""
+  from ssd_jax import api
+
+  pipe = api.load_tiny()
+  want = {p: pipe.generate([p], max_new_tokens=n, temperature=0.0, chat=False, mode="ar")[0].text
+          for p, n in (("ab", 60), ("xy", 4))}
+  calls, done = [], {}
+  _slow_steps(monkeypatch, 0.03, calls)
+  engine = Engine(pipe, max_batch=4)
+  with serving(engine) as url:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    name = model_id(pipe)
+    ar = {"mode": "ar"}  # a lone request of the default mode runs SD in a static batch (the pair has a draft)
+    stream = client.completions.create(model=name, prompt="ab", max_tokens=60, temperature=0, stream=True,
+                                       extra_body=ar)
+    chunks = iter(stream)
+    text = [next(chunks).choices[0].text]  # the long request runs
+    short = client.completions.create(model=name, prompt="xy", max_tokens=4, temperature=0, extra_body=ar)
+    done["short"] = len(calls)
+    text += [c.choices[0].text for c in chunks]
+    done["long"] = len(calls)
+  assert short.choices[0].text == want["xy"] and "".join(text) == want["ab"]
+  assert short.model_extra["ssd_jax"]["batching"] == "continuous" and short.model_extra["ssd_jax"]["batch_rows"] == 2
+  assert done["short"] < done["long"]  # answered while the long one still stepped
+  assert 2 in calls and calls[-1] == 1  # the short row left; the long one finished alone
+
+
+def test_continuous_batching_a_gone_client_frees_its_row_for_the_next_request(monkeypatch):
+  """The tiny pair, two rows: of two long streams (60 tokens), one client goes away after its first tokens. Its row
+  is freed within a call or two and the waiting request takes it, answered while the other long stream still runs;
+  the other stream's answer and the waiting request's are their answers alone."""
+  from ssd_jax import api
+
+  pipe = api.load_tiny()
+  want = {p: pipe.generate([p], max_new_tokens=n, temperature=0.0, chat=False, mode="ar")[0].text
+          for p, n in (("ab", 60), ("xy", 4))}
+  calls, at = [], {}
+  _slow_steps(monkeypatch, 0.03, calls)
+  engine = Engine(pipe, max_batch=2, gather=1.0)  # the two streams start together
+  with serving(engine) as url:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    name, ar = model_id(pipe), {"mode": "ar"}
+    streams = {}
+    opening = [threading.Thread(target=lambda p=p: streams.update({p: client.completions.create(
+        model=name, prompt=p, max_tokens=60, temperature=0, stream=True, extra_body=ar)})) for p in ("ab", "cd")]
+    for t in opening:
+      t.start()
+    for t in opening:
+      t.join(60)
+    kept, gone = iter(streams["ab"]), iter(streams["cd"])
+    text = [next(kept).choices[0].text]
+    next(gone)
+    answer = []
+    waiting = threading.Thread(target=lambda: answer.append(client.completions.create(
+        model=name, prompt="xy", max_tokens=4, temperature=0, extra_body=ar)) or at.update(xy=len(calls)))
+    waiting.start()
+    _until(lambda: engine.waiting == 1)
+    streams["cd"].close()
+    waiting.join(60)
+    text += [c.choices[0].text for c in kept]
+    at["ab"] = len(calls)
+  assert answer and answer[0].choices[0].text == want["xy"] and "".join(text) == want["ab"]
+  assert at["xy"] < at["ab"] <= 16  # the waiting request took the gone one's row: 60 tokens are 15 calls of 4
+
+
+def test_default_mode_requests_arriving_together_run_continuous_ar_and_a_lone_one_runs_k_autos_pick():
+  """The tiny pair (its default mode speculates, k='auto'): two requests sent together run as one continuous AR
+  batch, whatever k='auto' would pick for two rows; a request alone on an idle server runs what it picks for one (a
+  static batch). Each answer is the prompt's alone."""
+  from ssd_jax import api
+
+  pipe = api.load_tiny()
+  want = {p: pipe.generate([p], max_new_tokens=6, temperature=0.0, chat=False, mode="ar")[0].text for p in ("ab", "xy")}
+  engine = Engine(pipe, max_batch=2, gather=5.0)
+  body = {"model": model_id(pipe), "max_tokens": 6, "temperature": 0}
+  with serving(engine) as url:
+    answers = {}
+    threads = [threading.Thread(target=lambda p=p: answers.update({p: post(url + "/v1/completions",
+                                                                              dict(body, prompt=p))}))
+               for p in ("ab", "xy")]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(120)
+    alone = post(url + "/v1/completions", dict(body, prompt="ab"))
+  for p, (status, r, _) in answers.items():
+    assert status == 200 and r["choices"][0]["text"] == want[p]
+    assert (r["ssd_jax"]["batching"], r["ssd_jax"]["mode"], r["ssd_jax"]["batch_rows"]) == ("continuous", "ar", 2)
+  pick = pipe.batch_decoder([len(pipe.encode_prompt("ab", chat=False))], pipe.default_mode, pipe.spec_options(None),
+                            DecodeOptions(max_new_tokens=6), asked=False)
+  assert alone[0] == 200 and alone[1]["choices"][0]["text"] == want["ab"]
+  assert (alone[1]["ssd_jax"]["batching"], alone[1]["ssd_jax"]["mode"]) == ("static", pick.mode)
