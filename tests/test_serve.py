@@ -344,7 +344,8 @@ def test_serve_bench_measures_each_level_beside_decode_py(tmp_path):
   end), tokens counted from the usage, and each figure in its JSON and table."""
   out = tmp_path / "out"
   r = run_script("serve_bench.py", "--concurrency", "1,3", "--requests", "3", "--max-tokens", "4", "--datasets",
-                 "gsm8k", "--num-prompts", "2", "--server-args", "--draft none", "--out-dir", str(out), timeout=900)
+                 "gsm8k", "--num-prompts", "2", "--server-args", "--draft none --no-warm-up", "--out-dir", str(out),
+                 timeout=900)  # serve_bench's own warm-up round compiles what it meets; test_slots tests warm()
   assert r.returncode == 0, r.stderr[-3000:]
   levels = json.loads((out / "serve_bench.json").read_text())["levels"]
   assert [lv["concurrency"] for lv in levels] == [1, 3] and [lv["requests"] for lv in levels] == [3, 3]
