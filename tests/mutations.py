@@ -437,4 +437,12 @@ MUTATIONS = [
               "tests/test_serve.py::test_continuous_batching_a_gone_client_frees_its_row_for_the_next_request"),
              "a continuous row whose request ended (or whose client went away) keeps its row until the batch "
              "drains: a waiting request cannot take it"),
+    Mutation("slot_inserts_draw_with_the_same_key", "ssd_jax/decode/slots.py",
+             "    self.inserts += 1\n", "    pass\n",
+             ("tests/test_slots.py::test_sampled_rows_that_join_a_running_batch_follow_the_targets_law",),
+             "rows that join a running batch draw their first token with the keys the batch's first rows drew with"),
+    Mutation("slot_calls_draw_with_the_same_keys", "ssd_jax/decode/slots.py",
+             "    self.calls += 1\n", "    pass\n",
+             ("tests/test_slots.py::test_sampled_rows_that_join_a_running_batch_follow_the_targets_law",),
+             "every call of a continuous batch draws its rows' tokens with the first call's keys"),
 ]

@@ -1,5 +1,6 @@
 """Continuous batching's AR rows (ssd_jax/decode/slots.py): rows join and leave a running batch, and each row's
 greedy tokens stay those of its prompt decoded alone, through every grow, shrink and widening of the batch."""
+import jax
 import pytest
 
 from ssd_jax.decode import ARDecoder, DecodeOptions
@@ -74,3 +75,50 @@ def test_inserting_past_the_free_rows_is_refused(dec):
   sb.insert(["a"], [[5, 6]], [4])
   with pytest.raises(ValueError, match="2 rows asked for, 1 free"):
     sb.insert(["b", "c"], [[5], [6]], [4, 4])
+
+
+def test_sampled_rows_that_join_a_running_batch_follow_the_targets_law():
+  """The V=4 law pair at T = 1.0, top-p 0.7: 1500 rows inserted, one call, 1500 more join the running batch (it grows
+  from 2048 rows to 4096), another call. The first three tokens of all 3000 rows follow the numpy joint law
+  (chi-square at 1e-4 over 64 cells), and the rows that joined drew afresh: they repeat the first rows' tokens
+  about as often as two independent draws would, not always (a key used again), and so do a row's two calls."""
+  import numpy as np
+
+  import numpy_reference as ref
+  from draft_heads import LIVE, REAL, live
+  from law_stats import assert_rows_follow_their_laws
+  from pairs import LAW_PROMPT, v4_pair
+
+  if REAL:
+    pytest.skip("the tiny law pair only: 4096 rows of the real head's laws would not fit")
+  cfg, tp, _, _ = v4_pair()
+  n, t, top_p = 1500, 1.0, 0.7
+  sb = SlotBatch(ARDecoder(cfg, tp), 4096, temperature=t, top_p=top_p, seed=11)
+  prompt = live(LAW_PROMPT)
+  rows = {}
+  for h, tok in sb.insert(list(range(n)), [prompt] * n, [4] * n).items():
+    rows[h] = [tok]
+  for h, ids in sb.step().items():
+    rows[h] += ids
+  for h, tok in sb.insert(list(range(n, 2 * n)), [prompt] * n, [4] * n).items():
+    rows[h] = [tok]
+  assert sb.rows == 4096
+  for h, ids in sb.step().items():
+    rows[h] += ids
+
+  class Row:
+    def __init__(self, ids):
+      self.token_ids = ids
+
+  seqs = [rows[h][:3] for h in range(2 * n)]
+  host = jax.device_get(tp)
+  assert_rows_follow_their_laws([Row(s) for s in seqs], [LAW_PROMPT], host, cfg, t, top_p)
+  law = ref.joint_law(host, cfg, prompt, 3, t, top_p, support=LIVE)
+  same = sum(seqs[i] == seqs[n + i] for i in range(n))
+  expect = n * float((np.asarray(law) ** 2).sum())  # two independent draws agree with this probability
+  assert same <= expect + 5 * expect ** 0.5 + 5, (same, expect)
+  # Each call draws afresh: a first row's second call repeats its first call's tokens about as often as it repeats
+  # another row's, not far more often (a call's keys used again).
+  again = sum(rows[h][5:9] == rows[h][1:5] for h in range(n))
+  other = sum(rows[h][5:9] == rows[(h + 1) % n][1:5] for h in range(n))
+  assert again <= 1.5 * other + 20, (again, other)
