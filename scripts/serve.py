@@ -8,7 +8,7 @@
 Then any OpenAI client: base_url http://127.0.0.1:8000/v1, any API key, model "smollm2-135m-instruct" (GET /v1/models
 names it). Requests may add ssd-jax's own fields: mode (ar, sd, ssd), k, fan_out. Up to --max-batch requests run
 together: AR requests join a running batch between its steps and leave it as they end (continuous batching); SD and
-SSD requests run in batches of their own (docs/serving.md). Before serving, the AR batch's shapes compile
+SSD requests run in batches of their own (docs/serving.md). Before serving, the shapes most requests meet compile
 (--no-warm-up: on first use instead). SIGTERM or Ctrl-C stops taking requests, lets those in flight finish (up to
 --shutdown-timeout seconds) and exits.
 """
@@ -39,7 +39,7 @@ def make_parser() -> argparse.ArgumentParser:
                  help="continuous: AR requests join a running batch between its steps (default); static: each batch "
                       "runs to its end before the next starts")
   p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
-                 help="skip compiling the AR batch's shapes before serving (they then compile on first use)")
+                 help="skip compiling the batch shapes before serving (they then compile on first use)")
   p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
   add_model_arguments(p)
   return p
@@ -104,8 +104,9 @@ def main(argv=None):
   warnings.filterwarnings("ignore", category=api.SlowerThanAR)
   engine = Engine(pipe, args.max_batch, args.max_queue, args.default_max_tokens,
                   spec_settings={"draft_timeout": args.draft_timeout}, batching=args.batching)
-  if args.warm_up and args.batching == "continuous":
-    log.info("compiling the batch shapes of up to %d requests (once; --no-warm-up skips it)", args.max_batch)
+  if args.warm_up:
+    log.info("compiling the batch shapes of up to %d requests and a lone request's (--no-warm-up skips it)",
+             args.max_batch)
     log.info("compiled in %.0f s", engine.warm())
   host, port = sock.getsockname()[:2]
   log.info(

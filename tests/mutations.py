@@ -445,4 +445,13 @@ MUTATIONS = [
              "    self.calls += 1\n", "    pass\n",
              ("tests/test_slots.py::test_sampled_rows_that_join_a_running_batch_follow_the_targets_law",),
              "every call of a continuous batch draws its rows' tokens with the first call's keys"),
+    Mutation("warm_up_skips_the_lone_requests_batch", "ssd_jax/serve/engine.py",
+             "          dec.generate([job.ids], opts, stream=EveryRow(lambda row, ids: True))", "          pass",
+             ("tests/test_serve.py::test_warm_up_compiles_what_a_lone_request_and_a_pair_run",),
+             "the server's warm-up leaves a lone request's speculative batch to compile on the first request"),
+    Mutation("static_batches_keep_their_requests_lengths", "ssd_jax/serve/engine.py",
+             "      n = max(n, min(self.default_max_tokens, self.context - max(len(j.ids) for j in jobs) - ahead))",
+             "      pass",
+             ("tests/test_serve.py::test_warm_up_compiles_what_a_lone_request_and_a_pair_run",),
+             "a static batch's cache follows its requests' max_tokens: a new shape compiles for many requests"),
 ]

@@ -505,3 +505,40 @@ def test_default_mode_requests_arriving_together_run_continuous_ar_and_a_lone_on
                             DecodeOptions(max_new_tokens=6), asked=False)
   assert alone[0] == 200 and alone[1]["choices"][0]["text"] == want["ab"]
   assert (alone[1]["ssd_jax"]["batching"], alone[1]["ssd_jax"]["mode"]) == ("static", pick.mode)
+
+
+def test_warm_up_compiles_what_a_lone_request_and_a_pair_run():
+  """The tiny pair: after Engine.warm(), a lone default-mode request (a static SD batch, k=auto's pick) and two
+  sent together (continuous AR) compile no target program, with different max_tokens and prompts in either prompt
+  bucket; their answers are their solo ones."""
+  from ssd_jax import api
+
+  pipe = api.load_tiny()
+  long_prompt = "abcdefghij" * 8  # past the first prompt bucket
+  want = {(p, n): pipe.generate([p], max_new_tokens=n, temperature=0.0, chat=False, mode="ar")[0].text
+          for p, n in (("ab", 6), ("xy", 9), (long_prompt, 150))}
+  built, make = [], pipe.decoder
+  pipe.decoder = lambda *a, **kw: built.append(make(*a, **kw)) or built[-1]
+  engine = Engine(pipe, max_batch=2, gather=2.0, default_max_tokens=200)
+  engine.warm()
+  warmed = {id(d): d for d in built}
+  assert {d.mode for d in warmed.values()} == {"ar", pipe.default_mode} != {"ar"}
+  compiles = {i: d.programs.compiles for i, d in warmed.items()}
+  with serving(engine) as url:
+    got, ran = {}, []
+    for p, n in (("ab", 6), (long_prompt, 150)):
+      status, r, _ = post(url + "/v1/completions", {"model": model_id(pipe), "prompt": p, "max_tokens": n,
+                                                    "temperature": 0})
+      assert status == 200, r
+      got[p, n] = r["choices"][0]["text"]
+      ran.append((r["ssd_jax"]["batching"], r["ssd_jax"]["mode"]))
+    threads = [threading.Thread(target=lambda p=p, n=n: got.update({(p, n): post(url + "/v1/completions", {
+        "model": model_id(pipe), "prompt": p, "max_tokens": n, "temperature": 0})[1]["choices"][0]["text"]}))
+        for p, n in (("ab", 6), ("xy", 9))]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(120)
+  assert got == want and ran == [("static", pipe.default_mode)] * 2
+  assert {id(d) for d in built} == set(warmed)  # no decoder built after the warm-up
+  assert {i: d.programs.compiles for i, d in warmed.items()} == compiles

@@ -168,13 +168,22 @@ class Engine:
     self._thread.start()
 
   def warm(self) -> float:
-    """Compiles the programs of a continuous batch's shapes (every row count up to max_batch; prompts of up to two
-    buckets) before the first request, so that none compiles while clients wait; returns the seconds it took (0
-    with static batching, whose programs compile on first use)."""
-    if self.batching != "continuous":
-      return 0.0
-    slots = SlotBatch(self.pipe.decoder("ar"), self.max_batch, min_tokens=self.row_tokens)
-    return slots.warm((1, PROMPT_BUCKET + 1))
+    """Compiles, before the first request, the programs most requests run, so that none compiles while clients
+    wait: a continuous batch's shapes (every row count up to max_batch; prompts of up to two buckets) and, where
+    k='auto' speculates for a request alone, that request's static batch (prompts of up to two buckets whose text
+    and default_max_tokens fit one cache shape). Returns the seconds it took."""
+    t = time.perf_counter()
+    if self.batching == "continuous":
+      SlotBatch(self.pipe.decoder("ar"), self.max_batch, min_tokens=self.row_tokens).warm((1, PROMPT_BUCKET + 1))
+    if self.pipe.default_mode != "ar":
+      spec = self.pipe.spec_options(None, **self.spec_settings)
+      for n in (1, PROMPT_BUCKET + 1):
+        job = Job([0] * n, Settings(self.pipe.default_mode, False, spec, 0.0, 1.0, None), 1, (), lambda e: None)
+        opts = self._options([job])
+        dec = self.pipe.batch_decoder([n], job.settings.mode, spec, opts, asked=False)
+        if dec.mode != "ar":  # one commit, then its row ends: the batch stops
+          dec.generate([job.ids], opts, stream=EveryRow(lambda row, ids: True))
+    return time.perf_counter() - t
 
   def stop(self, timeout: float = 30.0) -> None:
     """Refuses new requests and the waiting ones (503), and waits up to `timeout` s for the running batch."""
@@ -296,8 +305,14 @@ class Engine:
 
   def _options(self, jobs: list[Job]) -> DecodeOptions:
     """Returns the DecodeOptions of a batch of these requests (their settings agree)."""
-    s = jobs[0].settings
-    return DecodeOptions(max_new_tokens=max(j.max_tokens for j in jobs), temperature=s.temperature, top_p=s.top_p,
+    s, n = jobs[0].settings, max(j.max_tokens for j in jobs)
+    if s.temperature == 0 or s.seed is None:
+      # The batch runs to default_max_tokens at least (within the context): each row still ends at its own
+      # max_tokens (Job.take), and most batches then share one cache shape, whose programs warm() compiles. A seeded
+      # sample keeps its own, so that its K (k='auto' reads the run's length) and draws are decode.py's.
+      ahead = s.lookahead() + 1 if s.lookahead() else 0
+      n = max(n, min(self.default_max_tokens, self.context - max(len(j.ids) for j in jobs) - ahead))
+    return DecodeOptions(max_new_tokens=n, temperature=s.temperature, top_p=s.top_p,
                          seed=secrets.randbits(63) if s.seed is None else s.seed, eos_id=self.pipe.tokenizer.eos_ids)
 
   def _start(self, batch: list[Job]) -> None:
