@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import protocol
-from .engine import Engine, Event, Job
+from .engine import Engine
+from .job import Event, Job
 from .protocol import APIError
 
 log = logging.getLogger("ssd_jax.serve")
