@@ -24,7 +24,7 @@ import numpy as np
 
 from ..kernels.platform import device_platform
 from ..models.kv_cache import KVCache, round_slots
-from .base import pad_prompts, run_lookaheads
+from .base import PROMPT_BUCKET, pad_prompts, run_lookaheads
 from .steps import VERIFY_STREAM, ar_chunk, first_tokens, fold, fold_steps, prefill, stream_key
 
 INSERT_STREAM = 0x1A5E  # the first tokens of inserted rows draw from their own stream
@@ -195,8 +195,6 @@ class SlotBatch:
   def warm(self, prompt_lens=(1,)) -> float:
     """Compiles, before the first request, the programs of every batch shape up to max_rows at min_tokens' slots
     (rows that fit them) and of prefills of prompts in these lengths' buckets; returns the seconds it took."""
-    from .base import PROMPT_BUCKET
-
     run, p, cfg, dt = self.programs, self.dec.tparams, self.dec.tcfg, self.dec.kv_dtype
     before, slots = run.compile_seconds, self.min_slots
     widths = sorted({round_slots(max(1, n), PROMPT_BUCKET) for n in prompt_lens})

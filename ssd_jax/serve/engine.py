@@ -244,9 +244,8 @@ class Engine:
     slots = self._slots
     for job in jobs:
       job.reply = Reply(self.pipe.tokenizer, job.max_tokens, job.stop, opts.stop_ids)
-      job.info = {"mode": "ar", "k": 0, "fan_out": None, "batch_rows": slots.live + len(jobs), "batching":
-                  "continuous", "requested": {"mode": job.settings.mode if job.settings.asked else None,
-                                              "k": job.settings.spec.k, "fan_out": _plain(job.settings.spec.fan_out)}}
+      job.info = {"mode": "ar", "k": 0, "fan_out": None, "batch_rows": slots.live + len(jobs),
+                  "batching": "continuous", "requested": _requested(job.settings)}
     first = slots.insert(jobs, [j.ids for j in jobs], [j.max_tokens for j in jobs])
     for job in jobs:
       if job.take([first[job]]):
@@ -292,8 +291,7 @@ class Engine:
     """Runs one static batch on `dec` and ends each of its requests."""
     s, tok = batch[0].settings, self.pipe.tokenizer
     info = {"mode": dec.mode, "k": dec.k, "fan_out": _plain(dec.spec.fan_out) if dec.mode == "ssd" else None,
-            "batch_rows": len(batch), "batching": "static",
-            "requested": {"mode": s.mode if s.asked else None, "k": s.spec.k, "fan_out": _plain(s.spec.fan_out)}}
+            "batch_rows": len(batch), "batching": "static", "requested": _requested(s)}
     for job in batch:
       job.reply, job.info = Reply(tok, job.max_tokens, job.stop, opts.stop_ids), info
     results = dec.generate([j.ids for j in batch], opts, stream=EveryRow(lambda row, ids: batch[row].take(ids)))
@@ -304,6 +302,11 @@ class Engine:
     for job in batch:
       if job.reply.finish is None:
         job.send(job.ending(job.reply.end()))
+
+
+def _requested(s: Settings) -> dict:
+  """Returns what a request asked for, as its answer reports it (None: the server's default mode)."""
+  return {"mode": s.mode if s.asked else None, "k": s.spec.k, "fan_out": _plain(s.spec.fan_out)}
 
 
 def _plain(fan_out):
