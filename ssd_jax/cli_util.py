@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 from . import settings
 
@@ -176,6 +178,56 @@ def check_output_file(path: str, flag: str) -> None:
     fail(f"{flag} {path} cannot be written ({e.strerror})")
   if not existed:
     os.remove(path)
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C or SIGTERM during a run; `code` is the exit code a shell expects for it (130, 143)."""
+
+  def __init__(self, code: int):
+    super().__init__(code)
+    self.code = code
+
+
+class Interrupts:
+  """Within `with Interrupts() as stop:`, Ctrl-C and SIGTERM raise Interrupted wherever the main thread is.
+
+  Python cannot raise into its caller from a weak-reference callback or a __del__: an exception there is printed as
+  "Exception ignored" and dropped, and the run would go on as if nothing was pressed. So the signal is also kept:
+  `stop.check()` raises it at the next safe point (each finished answer), and such a dropped report is not printed.
+  A SIGINT the process was started ignoring (a job started in the background) stays ignored."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.code = None
+    self._before = {}
+
+  def _raise(self, signum, _frame):
+    self.code = 128 + signum
+    raise Interrupted(self.code)
+
+  def _unraisable(self, report):
+    if not isinstance(report.exc_value, Interrupted):
+      self._hook(report)
+
+  def check(self) -> None:
+    """Raises Interrupted if a signal came and was dropped on the way (see the class)."""
+    if self.code is not None:
+      raise Interrupted(self.code)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():  # signal handlers are the main thread's only
+      for s in self.SIGNALS:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+          self._before[s] = signal.signal(s, self._raise)
+    self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+    return self
+
+  def __exit__(self, *exc):
+    for s, before in self._before.items():
+      signal.signal(s, before)
+    sys.unraisablehook = self._hook
+    return False
 
 
 def run_main(main) -> None:

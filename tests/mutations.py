@@ -454,4 +454,8 @@ MUTATIONS = [
              "      pass",
              ("tests/test_serve.py::test_warm_up_compiles_what_a_lone_request_and_a_pair_run",),
              "a static batch's cache follows its requests' max_tokens: a new shape compiles for many requests"),
+    Mutation("interrupt_dropped_in_a_callback_is_forgotten", "ssd_jax/cli_util.py",
+             "    if self.code is not None:\n      raise Interrupted(self.code)", "    pass",
+             ("tests/test_cli.py::test_a_signal_python_drops_in_a_weakref_callback_still_stops_the_run",),
+             "Ctrl-C that Python drops in a weak-reference callback is forgotten: the run goes on to its end"),
 ]

@@ -553,3 +553,35 @@ def test_eval_draft_scores_the_shipped_draft_and_reuses_answers(tmp_path):
     assert {x: g[k][x] for x in same} == {x: s["replayed_greedy"][k][x] for x in same}
   r = run("eval_draft.py", "--num-prompts", "0")
   assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_a_signal_python_drops_in_a_weakref_callback_still_stops_the_run(capfd):
+  """Ctrl-C that lands while a weak-reference callback runs (the program cache forgets dead arrays in one) raises
+  where Python drops it ("Exception ignored"): Interrupts keeps it, check() raises it with Ctrl-C's exit code, and
+  the dropped report is not printed. It once let a run go on to its end and exit 0 (a CI run, 2026-12-08)."""
+  import signal
+  import weakref
+
+  from ssd_jax.cli_util import Interrupted, Interrupts
+
+  class Thing:
+    pass
+
+  def callback(_):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10_000):  # the handler runs here, in the callback
+      pass
+
+  before = signal.getsignal(signal.SIGINT)
+  with Interrupts() as stop:
+    thing = Thing()
+    ref = weakref.ref(thing, callback)
+    del thing  # the callback runs; the exception raised in it is dropped on the way
+    assert ref() is None and stop.code == 130
+    with pytest.raises(Interrupted) as e:
+      stop.check()
+    assert e.value.code == 130
+  assert "Exception ignored" not in capfd.readouterr().err
+  assert signal.getsignal(signal.SIGINT) is before  # put back
+  with Interrupts() as stop:
+    stop.check()  # nothing came: nothing raised

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import sys
 import warnings
 
 from .. import distributed, settings
-from ..cli_util import (add_model_arguments, braces, check_model_args, check_output_file, fail,
-                        follow_measured_cores, k_arg, prepare_model, split_cpu, warn)
+from ..cli_util import (Interrupted, Interrupts, add_model_arguments, braces, check_model_args, check_output_file,
+                        fail, follow_measured_cores, k_arg, prepare_model, split_cpu, warn)
 from ..results_file import ResultsFile, settings_of
 from ..decode.options import BACKUPS, FAN_OUT_STRATEGIES, DecodeOptions, SpecOptions  # no JAX
 
@@ -156,10 +155,6 @@ def one_line_warnings(categories: tuple) -> None:
       warn(str(message)) if issubclass(category, categories) else show(message, category, *a, **kw))
 
 
-class Terminated(KeyboardInterrupt):
-  """SIGTERM, raised where Ctrl-C would be: the run stops the same way (exit code 143)."""
-
-
 def show_answer(args, g, index: int, total: int) -> None:
   """Prints one finished answer (unless it was streamed) and its statistics line."""
   if args.stream:
@@ -222,7 +217,10 @@ def main(argv=None):
     out.open()
   todo = out.todo if out is not None else list(range(len(prompts)))
 
+  stop = Interrupts()
+
   def finished(i: int, g) -> None:  # each answer as its batch finishes: to the file, then to the screen
+    stop.check()  # a signal Python dropped on its way (see Interrupts) stops the run here
     if out is not None:
       try:
         out.write(g)
@@ -231,23 +229,19 @@ def main(argv=None):
     if distributed.is_main():
       show_answer(args, g, todo[i], len(prompts))
 
-  def terminated(*_):
-    raise Terminated()
-
-  before = signal.signal(signal.SIGTERM, terminated)
   try:
-    pipe.generate([prompts[i] for i in todo], mode=args.mode, max_new_tokens=opts.max_new_tokens,
-                  temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size,
-                  ignore_eos=opts.ignore_eos, ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk, chat=not args.raw,
-                  stream=stream, spec=spec, on_result=finished, **switches)
-  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
+    with stop:
+      pipe.generate([prompts[i] for i in todo], mode=args.mode, max_new_tokens=opts.max_new_tokens,
+                    temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed, batch_size=args.batch_size,
+                    ignore_eos=opts.ignore_eos, ar_chunk=opts.ar_chunk, sd_chunk=opts.sd_chunk, chat=not args.raw,
+                    stream=stream, spec=spec, on_result=finished, **switches)
+  except Interrupted as e:  # Ctrl-C or SIGTERM
     done = (out.answered_before + out.written) if out is not None else None
     where = (f"; {done} of {len(prompts)} answers are in {args.json_out} (--resume answers the rest)"
              if out is not None else "")
     print(f"\ninterrupted{where}", file=sys.stderr)
-    return 143 if isinstance(e, Terminated) else 130
+    return e.code
   finally:
-    signal.signal(signal.SIGTERM, before)
     if out is not None:
       out.close()
   return 0
