@@ -572,16 +572,21 @@ def test_a_signal_python_drops_in_a_weakref_callback_still_stops_the_run(capfd):
     for _ in range(10_000):  # the handler runs here, in the callback
       pass
 
-  before = signal.getsignal(signal.SIGINT)
-  with Interrupts() as stop:
-    thing = Thing()
-    ref = weakref.ref(thing, callback)
-    del thing  # the callback runs; the exception raised in it is dropped on the way
-    assert ref() is None and stop.code == 130
-    with pytest.raises(Interrupted) as e:
-      stop.check()
-    assert e.value.code == 130
-  assert "Exception ignored" not in capfd.readouterr().err
-  assert signal.getsignal(signal.SIGINT) is before  # put back
-  with Interrupts() as stop:
-    stop.check()  # nothing came: nothing raised
+  # Python's own Ctrl-C handler, as a command has it: an xdist worker starts with SIGINT ignored, which Interrupts
+  # would keep ignored
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with Interrupts() as stop:
+      thing = Thing()
+      ref = weakref.ref(thing, callback)
+      del thing  # the callback runs; the exception raised in it is dropped on the way
+      assert ref() is None and stop.code == 130
+      with pytest.raises(Interrupted) as e:
+        stop.check()
+      assert e.value.code == 130
+    assert "Exception ignored" not in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    with Interrupts() as stop:
+      stop.check()  # nothing came: nothing raised
+  finally:
+    signal.signal(signal.SIGINT, outer)
