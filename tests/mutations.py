@@ -458,4 +458,8 @@ MUTATIONS = [
              "    if self.code is not None:\n      raise Interrupted(self.code)", "    pass",
              ("tests/test_cli.py::test_a_signal_python_drops_in_a_weakref_callback_still_stops_the_run",),
              "Ctrl-C that Python drops in a weak-reference callback is forgotten: the run goes on to its end"),
+    Mutation("gguf_data_at_the_default_alignment", "ssd_jax/models/gguf_file.py",
+             'align = int(meta.get("general.alignment", 32))', "align = 32",
+             ("tests/test_gguf_file.py::test_every_value_and_tensor_type_reads_as_the_gguf_package_reads_it",),
+             "a GGUF file's tensors are read from the default alignment's start, not the one its header gives"),
 ]

@@ -46,8 +46,8 @@ def read_gguf(path: str, progress: bool = True, keep_blocks: bool = False):
 
   from .blocks import from_gguf
 
-  r, cfg, meta, deq = _open_gguf(path)  # refuses what we do not compute before reading the weights
-  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
+  tensors, cfg, meta, deq = _open_gguf(path)  # refuses what we do not compute before reading the weights
+  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in tensors}
 
   def kept(t):
     kind = t.tensor_type.name
@@ -59,8 +59,8 @@ def read_gguf(path: str, progress: bool = True, keep_blocks: bool = False):
       return np.asarray(t.data).view(dt).reshape(shapes[t.name])
     return deq(t)
   read = kept if keep_blocks else deq
-  tensors = {t.name: read(t) for t in tqdm(r.tensors, desc="reading GGUF", disable=not progress, unit="tensor")}
-  return cfg, _gguf_params(tensors, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
+  weights = {t.name: read(t) for t in tqdm(tensors, desc="reading GGUF", disable=not progress, unit="tensor")}
+  return cfg, _gguf_params(weights, cfg, permuted_qk=meta.get("general.architecture") == "llama"), meta
 
 
 def kept_as_blocks(kind: str, shape: tuple) -> bool:
@@ -73,9 +73,9 @@ def kept_as_blocks(kind: str, shape: tuple) -> bool:
 def gguf_tensors(path: str):
   """Returns (ModelConfig, [(name, GGUF type name, shape [out, in], bytes in the file)]) of a GGUF file without
   reading its weights."""
-  r, cfg = _open_gguf(path)[:2]
+  tensors, cfg = _open_gguf(path)[:2]
   return cfg, [(t.name, t.tensor_type.name, tuple(int(x) for x in reversed(t.shape)), int(t.n_bytes))
-               for t in r.tensors]
+               for t in tensors]
 
 
 def gguf_header(path: str):
@@ -85,28 +85,24 @@ def gguf_header(path: str):
 
 
 def _open_gguf(path: str):
-  """Returns (reader, ModelConfig, metadata dict, dequantizer of one tensor to float32) of a GGUF file."""
-  from gguf import GGUFReader
+  """Returns (tensors, ModelConfig, metadata dict, dequantizer of one tensor to float32) of a GGUF file
+  (gguf_file.read_gguf_file: its header only, the weights mapped, not read)."""
   from gguf.quants import dequantize
 
+  from .gguf_file import read_gguf_file
+
   try:
-    r = GGUFReader(path)
-  except Exception as e:  # the gguf reader raises a variety of errors on bad files
+    meta, tensors = read_gguf_file(path)
+  except Exception as e:  # a file cut short or not GGUF at all: one line that says so
     raise CheckpointError(f"cannot read GGUF file {path}: {e}") from e
-  meta = {}
-  for k, f in r.fields.items():
-    try:
-      meta[k] = f.contents()
-    except Exception:
-      pass
-  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
+  shapes = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in tensors}
   deq = lambda t: dequantize(t.data, t.tensor_type).reshape(shapes[t.name]).astype(np.float32)  # noqa: E731
-  rope_freqs = next((deq(t) for t in r.tensors if t.name == "rope_freqs.weight"), None)
+  rope_freqs = next((deq(t) for t in tensors if t.name == "rope_freqs.weight"), None)
   try:
     cfg = gguf_model_config(meta, shapes, path, rope_freqs)
   except (KeyError, TypeError) as e:
     raise CheckpointError(f"{path}: GGUF metadata lacks or garbles a field the model needs ({e})") from e
-  return r, cfg, meta, deq
+  return tensors, cfg, meta, deq
 
 
 def _gguf_params(tensors: dict, cfg, permuted_qk: bool) -> dict:
