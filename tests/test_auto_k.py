@@ -96,7 +96,6 @@ def test_auto_spec_options():
 def test_pipeline_runs_the_chosen_k_per_batch(tmp_path, monkeypatch):
   """Without costs: SD at K=2 for one prompt, AR for a batch of 6 (built-in table); with costs that make K=1 pay at
   batch 6, SD at K=1 there. Greedy tokens equal AR's in every case; a ragged last batch gets its own choice."""
-  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SSD_JAX_STEP_COSTS", str(tmp_path / "step_costs"))
   pipe = api.load_tiny()
   prompts = [pipe.encode_prompt(p) for p in ("Hi", "Say something.", "abc", "x", "The end", "Once upon")]
@@ -186,7 +185,6 @@ def test_cost_cache_key_covers_weight_formats_of_target_and_draft(tmp_path, monk
   (a draft loaded in another weights choice), or another KV cache dtype, is another file."""
   import jax
   import jax.numpy as jnp
-  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SSD_JAX_STEP_COSTS", str(tmp_path / "step_costs"))
   pipe = api.load_tiny()
   base = pipe.step_costs_path()
@@ -266,7 +264,6 @@ def test_calibration_decodes_measure_the_loop_of_a_real_pipeline(tmp_path, monke
   """bench.py's host decoder on the tiny pair: AR and SD at K=1 decode the fixed prompt, and the loop's time per AR
   token and SD round comes out finite and smaller than a whole token's or round's time."""
   from ssd_jax.cli import bench_machine
-  monkeypatch.setenv("SSD_JAX_CACHE", str(tmp_path))
   monkeypatch.setenv("SSD_JAX_STEP_COSTS", str(tmp_path / "step_costs"))
   pipe = api.load_tiny()
   decode = bench_machine.host_decoder(pipe, 12)
