@@ -9,8 +9,8 @@ the next one from the outcome on the device (`chain_after`, key `fold(draft_root
 those of n unfused rounds. The host then commits the n outcomes in order. Every row active at the chunk's start
 takes all n rounds: a row that its book ends mid-chunk (a stop id, max_new_tokens) writes past its text into its
 own caches, which a done row never reads again (`base.chunk_lookahead` sizes them for it). Near the end, a chunk
-is the largest of n, n/2, .., 1 rounds that no more than the most tokens an active row still needs (each round
-commits at least one token a row), so the last tokens do not pay for rounds past every row's end.
+is the most tokens an active row still needs (each round commits at least one token a row), if fewer than n, so the
+last tokens do not pay for rounds past every row's end; the number of rounds is an argument of the one program.
 """
 from __future__ import annotations
 
@@ -28,20 +28,21 @@ from .speculator import ChainDraft, Speculation
 from .steps import chain_after, verify
 
 
-@functools.partial(jax.jit, static_argnames=("n", "tcfg", "dcfg", "k", "attn_impl", "tplatform", "dplatform",
+@functools.partial(jax.jit, static_argnames=("size", "tcfg", "dcfg", "k", "attn_impl", "tplatform", "dplatform",
                                              "saguaro_top"), donate_argnames=("tcache", "dcache"))
 def sd_chunk(tparams, tcache: KVCache, dparams, dcache: KVCache, window, lengths, bonus_prev, drafts, q, active,
-             vkeys, dkeys, temperature, top_p, dtemperature, dtop_p, saguaro_c, n: int, tcfg: ModelConfig,
+             vkeys, dkeys, temperature, top_p, dtemperature, dtop_p, saguaro_c, n, size: int, tcfg: ModelConfig,
              dcfg: ModelConfig, k: int, attn_impl: str = "auto", tplatform: str | None = None,
              dplatform: str | None = None, saguaro_top: int = 0):
-  """Returns (drafts [n, B, K], accept_len [n, B], bonus [n, B]: the n rounds' speculations and outcomes; the
-  last bonus [B]; the next speculation's tokens [B, K] and q [B, K, V]; tcache, dcache, window, lengths: the
-  draft's committed tail after the last outcome).
+  """Returns (drafts [size, B, K], accept_len [size, B], bonus [size, B]: the n rounds' speculations and outcomes in
+  the first n entries; the last bonus [B]; the next speculation's tokens [B, K] and q [B, K, V]; tcache, dcache,
+  window, lengths: the draft's committed tail after the last outcome).
 
   bonus_prev: x_L of each row (the last round's bonus) on entry; drafts, q: the speculation drafted after it;
-  window, lengths: the draft's committed tail before that speculation's outcome (chain_after's); vkeys, dkeys [n]:
-  round i's verify key and the key of the chain drafted after its outcome (`chunk_keys`). Static: n and the two
-  sides' settings.
+  window, lengths: the draft's committed tail before that speculation's outcome (chain_after's); vkeys, dkeys
+  [size]: round i's verify key and the key of the chain drafted after its outcome (`chunk_keys`). n (an int32
+  scalar, 1 <= n <= size) is an argument, not a static: one program runs every chunk of up to `size` rounds.
+  Static: size and the two sides' settings.
   """
   b = bonus_prev.shape[0]
   vst = dict(cfg=tcfg, attn_impl=attn_impl, platform=tplatform)
@@ -55,7 +56,7 @@ def sd_chunk(tparams, tcache: KVCache, dparams, dcache: KVCache, window, lengths
                                                   dkeys[i], dtemperature, dtop_p, saguaro_c, **dst)
     return tcache, dcache, window, lengths, bonus, nd, nq, out
 
-  out = (jnp.zeros((n, b, k), jnp.int32), jnp.zeros((n, b), jnp.int32), jnp.zeros((n, b), jnp.int32))
+  out = (jnp.zeros((size, b, k), jnp.int32), jnp.zeros((size, b), jnp.int32), jnp.zeros((size, b), jnp.int32))
   carry = (tcache, dcache, window, lengths, bonus_prev, drafts, q, out)
   tcache, dcache, window, lengths, last, drafts, q, out = jax.lax.fori_loop(0, n, body, carry)
   return out + (last, drafts, q, tcache, dcache, window, lengths)
@@ -89,24 +90,22 @@ class SDChunks:
     t = target
     self.st = dict(tcfg=t.dec.tcfg, attn_impl=t.st["attn_impl"], tplatform=t.st["platform"],
                    **self.chain.fused_statics())
-    self.sizes = tuple(sorted({max(n >> i, 1) for i in range(n.bit_length())}, reverse=True))  # n, n/2, .., 1
     self._active = None  # the placed active rows, with the done flags they were placed for
     self.times = RoundTimes()
 
   def _args(self, last, tokens, q, active, rnd: int, n: int, blank: int = 0):
     t = self.target
     chain, sampling, root = self.chain.fused_inputs(blank)
-    keys = chunk_keys(t.verify_root, root, rnd, n=n)
-    return (t.dec.tparams, t.cache, *chain, last, tokens, q, active, *keys, t.temp, t.top_p, *sampling)
+    keys = chunk_keys(t.verify_root, root, rnd, n=self.n)
+    return (t.dec.tparams, t.cache, *chain, last, tokens, q, active, *keys, t.temp, t.top_p, *sampling, np.int32(n))
 
   def compile(self) -> None:
-    """Compiles the chunk programs (n, n/2, .., 1 rounds) before the clock starts."""
+    """Compiles the chunk program (one for every chunk of up to n rounds) before the clock starts."""
     t, rep, k = self.target, self.target.rep, self.st["k"]
     b = t.tokens.shape[0]
     z = rep(jnp.zeros((b,), jnp.int32))
     spec = rep(jnp.zeros((b, k), jnp.int32)), rep(jnp.zeros((b, k, t.dec.tcfg.vocab_size)))
-    for n in self.sizes:
-      t.programs.compile_only(sd_chunk, *self._args(z, *spec, z > 0, 0, n, blank=b), n=n, **self.st)
+    t.programs.compile_only(sd_chunk, *self._args(z, *spec, z > 0, 0, self.n, blank=b), size=self.n, **self.st)
 
   def close(self) -> None:
     pass
@@ -117,17 +116,17 @@ class SDChunks:
     s.go = self.spec is not None
 
   def advance(self, s) -> None:
-    """Runs one chunk: n rounds, n the largest size no more than the most tokens a live row still needs (each round
-    commits at least one token a row), then commits their outcomes in order."""
+    """Runs one chunk: n rounds, n the chunk's size or, near the end, the most tokens a live row still needs (each
+    round commits at least one token a row), then commits their outcomes in order."""
     t, tm, book, rnd = self.target, self.times, s.book, s.committed
     t0 = time.perf_counter()
     left = max(book.opts.max_new_tokens - len(book.out[i]) for i in np.flatnonzero(~book.done))
-    n = next(size for size in self.sizes if size <= left)
+    n = min(self.n, left)
     if self._active is None or not np.array_equal(self._active[0], book.done):
       self._active = (book.done.copy(), t.rep(~book.done))
     *out, s.last, tok, q, t.cache, dcache, w, lens = t.programs(
-        sd_chunk, *self._args(s.last, self.spec.tokens, self.spec.q, self._active[1], rnd, n), stable=4, n=n,
-        **self.st)
+        sd_chunk, *self._args(s.last, self.spec.tokens, self.spec.q, self._active[1], rnd, n), stable=4,
+        size=self.n, **self.st)
     self.chain.took_rounds(dcache, w, lens, rnd + n)
     drafts, acc, bonus = (np.asarray(t.fetch(x)) for x in out)
     t1 = time.perf_counter()
