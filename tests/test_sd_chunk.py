@@ -52,8 +52,8 @@ def test_rows_stopping_mid_chunk(sd_pair, setting):
 
 def test_one_call_a_chunk(sd_pair, monkeypatch):
   """Rounds run as sd_chunk calls (no separate verify or chain call after the first chain), n at a time until no
-  row needs n more tokens, then as many as the tokens still to come: the schedule replayed from each round's
-  committed tokens; one program runs every size; target_forwards counts a forward a round."""
+  row needs n more tokens, then fewer (n/2, .., 1): the schedule replayed from each round's committed tokens; one
+  program runs every size; target_forwards counts a forward a round."""
   cfg, tp, _ = sd_pair
   dec = SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2))  # the target as its own draft: 3 tokens every round
   calls = []
@@ -71,17 +71,17 @@ def test_one_call_a_chunk(sd_pair, monkeypatch):
   names = [c[0] for c in calls]
   assert "verify" not in names and names.count("chain_after") == 1, names
   sizes = [n for name, n in calls if name == "sd_chunk"]
-  # Replay the schedule: each call runs 4 rounds or, when fewer tokens are to come, that many (a round commits at
-  # least one token), and commits one piece a round until the row is done.
+  # Replay the schedule: each call runs the largest of 4, 2, 1 rounds that the row's tokens still to come allow
+  # (a round commits at least one token), and commits one piece a round until the row is done.
   made, at = pieces[0], 1
   for j, n in enumerate(sizes):
     left = 16 - made
-    assert n == min(4, left), (j, left, sizes)
+    assert n == max(s for s in (4, 2, 1) if s <= left), (j, left, sizes)
     took = pieces[at:at + n]
     assert len(took) == n or j == len(sizes) - 1, (j, sizes, pieces)
     made, at = made + sum(took), at + len(took)
-  # 1 + 4 rounds of 3 = 13 tokens, then 3 to come: a chunk of 3 rounds, the row done in its first.
-  assert made == 16 and at == len(pieces) and sizes == [4, 3], (sizes, pieces)
+  # 1 + 4 rounds of 3 = 13 tokens, then 3 to come: a chunk of 2 rounds, the row done in its first.
+  assert made == 16 and at == len(pieces) and sizes == [4, 2], (sizes, pieces)
   assert sum(getattr(key[0], "__name__", "") == "sd_chunk" for key in dec.programs._compiled) == 1  # one program
   rounds = res[0].stats.extra["rounds"]
   assert rounds == len(pieces) - 1 and res[0].stats.target_forwards == rounds + 1  # the prefill's, then a round
@@ -89,9 +89,9 @@ def test_one_call_a_chunk(sd_pair, monkeypatch):
 
 def test_a_chunk_of_each_size_at_below_and_above_its_bound(sd_pair, monkeypatch):
   """The chunk after the first: 13 of max_new_tokens made (the prefill's token, 4 rounds of 3: the target is its own
-  draft), so 1..5 tokens left. A chunk of s < 4 rounds runs once s tokens are left, not one token sooner or later;
-  4 and 5 left take the whole chunk. Every run makes the AR tokens (greedy: each run's are the first of the longest
-  AR run's)."""
+  draft), so 1..5 tokens left. A chunk of s rounds runs once s tokens are left, not one token sooner: 1, 2, 4 left
+  each sit on a size's bound, 3 and 5 one past (2 and 4), 3 one short of 4. Every run makes the AR tokens
+  (greedy: each run's are the first of the longest AR run's)."""
   cfg, tp, _ = sd_pair
   dec, ar = SDDecoder(cfg, tp, cfg, tp, SpecOptions(k=2)), ARDecoder(cfg, tp)
   sizes = []
@@ -104,7 +104,7 @@ def test_a_chunk_of_each_size_at_below_and_above_its_bound(sd_pair, monkeypatch)
 
   monkeypatch.setattr(Programs, "__call__", counting)
   ref = ar.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=18, ignore_eos=True))[0].token_ids
-  want = {1: 1, 2: 2, 3: 3, 4: 4, 5: 4}  # tokens left -> rounds: as many, up to the chunk's 4
+  want = {1: 1, 2: 2, 3: 2, 4: 4, 5: 4}  # tokens left -> the largest of 4, 2, 1 rounds no more than that
   for left, n in want.items():
     sizes.clear()
     got = dec.generate(PROMPTS[:1], DecodeOptions(max_new_tokens=13 + left, ignore_eos=True, sd_chunk=4))

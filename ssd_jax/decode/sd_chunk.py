@@ -9,8 +9,10 @@ the next one from the outcome on the device (`chain_after`, key `fold(draft_root
 those of n unfused rounds. The host then commits the n outcomes in order. Every row active at the chunk's start
 takes all n rounds: a row that its book ends mid-chunk (a stop id, max_new_tokens) writes past its text into its
 own caches, which a done row never reads again (`base.chunk_lookahead` sizes them for it). Near the end, a chunk
-is the most tokens an active row still needs (each round commits at least one token a row), if fewer than n, so the
-last tokens do not pay for rounds past every row's end; the number of rounds is an argument of the one program.
+is the largest of n, n/2, .., 1 rounds no more than the most tokens an active row still needs (each round commits at
+least one token a row), so the last tokens do not pay for many rounds past every row's end (a row that commits
+several tokens a round is done before a chunk of as many rounds as its tokens to come would end). The number of
+rounds is an argument of the one program, not a program each.
 """
 from __future__ import annotations
 
@@ -87,6 +89,7 @@ class SDChunks:
 
   def __init__(self, target, link, n: int):
     self.target, self.link, self.chain, self.n = target, link, link.side, n
+    self.sizes = tuple(sorted({max(n >> i, 1) for i in range(n.bit_length())}, reverse=True))  # n, n/2, .., 1
     t = target
     self.st = dict(tcfg=t.dec.tcfg, attn_impl=t.st["attn_impl"], tplatform=t.st["platform"],
                    **self.chain.fused_statics())
@@ -116,12 +119,12 @@ class SDChunks:
     s.go = self.spec is not None
 
   def advance(self, s) -> None:
-    """Runs one chunk: n rounds, n the chunk's size or, near the end, the most tokens a live row still needs (each
-    round commits at least one token a row), then commits their outcomes in order."""
+    """Runs one chunk: n rounds, n the largest size no more than the most tokens a live row still needs (each round
+    commits at least one token a row), then commits their outcomes in order."""
     t, tm, book, rnd = self.target, self.times, s.book, s.committed
     t0 = time.perf_counter()
     left = max(book.opts.max_new_tokens - len(book.out[i]) for i in np.flatnonzero(~book.done))
-    n = min(self.n, left)
+    n = next(size for size in self.sizes if size <= left)
     if self._active is None or not np.array_equal(self._active[0], book.done):
       self._active = (book.done.copy(), t.rep(~book.done))
     *out, s.last, tok, q, t.cache, dcache, w, lens = t.programs(
