@@ -35,8 +35,8 @@ class GGUFTensor:
 
 
 class _Cursor:
-  def __init__(self, buf, path: str):
-    self.buf, self.pos, self.path = buf, 0, path
+  def __init__(self, buf):
+    self.buf, self.pos = buf, 0
 
   def take(self, fmt: str):
     size = struct.calcsize("<" + fmt)
@@ -81,7 +81,7 @@ def read_gguf_file(path: str) -> tuple[dict, list[GGUFTensor]]:
   from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
   mm = np.memmap(path, dtype=np.uint8, mode="r")
-  c = _Cursor(memoryview(mm), path)
+  c = _Cursor(memoryview(mm))
   if bytes(c.buf[:4]) != b"GGUF":
     raise ValueError("not a GGUF file (its first bytes are not 'GGUF')")
   c.pos = 4
