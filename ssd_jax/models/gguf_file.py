@@ -17,12 +17,14 @@ import dataclasses
 import struct
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFReader, GGUFValueType
 
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
+# A number value type's little-endian numpy dtype, from the numpy type gguf's reader reads it as
+_NUMBERS = {kind: np.dtype(t).newbyteorder("<") for kind, t in GGUFReader.gguf_scalar_to_np.items()}
 # numpy's view of tensor types that are plain numbers; other types (quantized blocks, BF16) are bytes, one row of
 # blocks a row, as gguf's reader gives them
-_PLAIN = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}
+_PLAIN = {Q.F32: np.float32, Q.F16: np.float16, Q.I8: np.int8, Q.I16: np.int16, Q.I32: np.int32, Q.I64: np.int64,
+          Q.F64: np.float64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,32 +56,30 @@ class _Cursor:
     self.pos += n
     return s
 
-  def value(self, kind: int):
-    if kind == _STRING:
-      return self.string()
-    if kind == _ARRAY:
-      item, n = self.take("I"), self.take("Q")
-      if item == _STRING:
-        return [self.string() for _ in range(n)]
-      if item not in _SCALARS:
-        raise ValueError(f"an array of value type {item}, which GGUF does not define")
-      dt = np.dtype("<" + _SCALARS[item])
-      if self.pos + n * dt.itemsize > len(self.buf):
-        raise ValueError(f"an array of {n} values runs past its end")
-      out = np.frombuffer(self.buf, dt, n, self.pos).tolist()
-      self.pos += n * dt.itemsize
-      return out
-    if kind not in _SCALARS:
+  def numbers(self, kind: int, n: int) -> np.ndarray:
+    if kind not in _NUMBERS:
       raise ValueError(f"a value of type {kind}, which GGUF does not define")
-    return self.take(_SCALARS[kind])
+    dt = _NUMBERS[kind]
+    if self.pos + n * dt.itemsize > len(self.buf):
+      raise ValueError(f"{n} values run past its end")
+    out = np.frombuffer(self.buf, dt, n, self.pos)
+    self.pos += n * dt.itemsize
+    return out
+
+  def value(self, kind: int):
+    """Returns a metadata value as gguf's `ReaderField.contents()` does: a Python number, str, or list of them."""
+    if kind == GGUFValueType.STRING:
+      return self.string()
+    if kind == GGUFValueType.ARRAY:
+      item, n = self.take("I"), self.take("Q")
+      return [self.string() for _ in range(n)] if item == GGUFValueType.STRING else self.numbers(item, n).tolist()
+    return self.numbers(kind, 1)[0].item()
 
 
 def read_gguf_file(path: str) -> tuple[dict, list[GGUFTensor]]:
   """Returns (metadata {key: value}, [GGUFTensor]) of a GGUF file: values as Python numbers, strings and lists (as
   gguf's `ReaderField.contents()` gives them), tensors as views of the mapped file. Raises ValueError, saying what is
   wrong, on a file that is not GGUF v2/v3 or is cut short."""
-  from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
   mm = np.memmap(path, dtype=np.uint8, mode="r")
   c = _Cursor(memoryview(mm))
   if bytes(c.buf[:4]) != b"GGUF":
@@ -105,7 +105,7 @@ def read_gguf_file(path: str) -> tuple[dict, list[GGUFTensor]]:
     if name in names:
       raise ValueError(f"the tensor {name} twice")
     names.add(name)
-    kind = GGMLQuantizationType(raw)
+    kind = Q(raw)
     block, size = GGML_QUANT_SIZES[kind]
     n = int(np.prod(dims, dtype=np.int64))
     n_bytes = n * size // block
@@ -113,8 +113,8 @@ def read_gguf_file(path: str) -> tuple[dict, list[GGUFTensor]]:
     if at + n_bytes > len(mm):
       raise ValueError(f"the tensor {name} runs past the file's end")
     shape = tuple(reversed(dims))
-    if raw in _PLAIN:
-      data = mm[at:at + n_bytes].view(_PLAIN[raw]).reshape(shape)
+    if kind in _PLAIN:
+      data = mm[at:at + n_bytes].view(_PLAIN[kind]).reshape(shape)
     else:
       data = mm[at:at + n_bytes].reshape(*shape[:-1], shape[-1] // block * size)
     tensors.append(GGUFTensor(name, kind, dims, n_bytes, data))
