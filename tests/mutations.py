@@ -450,7 +450,7 @@ MUTATIONS = [
              ("tests/test_serve.py::test_warm_up_compiles_what_a_lone_request_and_a_pair_run",),
              "the server's warm-up leaves a lone request's speculative batch to compile on the first request"),
     Mutation("static_batches_keep_their_requests_lengths", "ssd_jax/serve/engine.py",
-             "      n = max(n, min(self.default_max_tokens, self.context - max(len(j.ids) for j in jobs) - ahead))",
+             "      n = max(n, min(self.default_max_tokens, room))",
              "      pass",
              ("tests/test_serve.py::test_warm_up_compiles_what_a_lone_request_and_a_pair_run",),
              "a static batch's cache follows its requests' max_tokens: a new shape compiles for many requests"),

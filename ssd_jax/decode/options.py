@@ -204,6 +204,12 @@ def check_pair(target_cfg: ModelConfig, draft_cfg: ModelConfig, spec: SpecOption
     raise ValueError(f"fan-out {spec.widest} exceeds the draft's vocabulary")
 
 
+def slots_past_text(k: int) -> int:
+  """Returns the context a run of K draft tokens a round needs past each row's text and max_new_tokens, as
+  check_context counts it: K+1 for a speculative round's verify, none for AR (K = 0)."""
+  return k + 1 if k else 0
+
+
 def check_context(context: int, prompt_lens: Sequence[int], max_new_tokens: int, k: int = 0) -> None:
   """Raises ValueError naming the first prompt that, with max_new_tokens (and K+1 slots past the text for a
   speculative round), does not fit a context of `context` tokens."""
@@ -212,7 +218,7 @@ def check_context(context: int, prompt_lens: Sequence[int], max_new_tokens: int,
     if n + max_new_tokens > context:
       raise ValueError(f"{which} has {n} tokens; with max_new_tokens {max_new_tokens} it exceeds the context of "
                        f"{context} tokens; shorten the prompt or lower max_new_tokens")
-    if k and n + max_new_tokens + k + 1 > context:
+    if n + max_new_tokens + slots_past_text(k) > context:
       raise ValueError(f"K={k} needs {k + 1} cache slots past the text, but {which} ({n} tokens) + max_new_tokens "
                        f"({max_new_tokens}) leave only {context - n - max_new_tokens} of the {context}-token "
                        f"context; lower K or max_new_tokens")

@@ -28,7 +28,7 @@ import time
 from typing import Callable
 
 from ..decode import DecodeOptions, EveryRow
-from ..decode.options import check_context
+from ..decode.options import check_context, slots_past_text
 from ..decode.base import PROMPT_BUCKET
 from ..decode.slots import SlotBatch
 from .job import Event, Job, Settings
@@ -120,7 +120,7 @@ class Engine:
     if max(ids) >= self.pipe.target.cfg.vocab_size or min(ids) < 0:
       raise invalid(f"prompt has token ids outside the vocabulary [0, {self.pipe.target.cfg.vocab_size})", "prompt")
     settings = self.settings(p)
-    ahead = settings.lookahead() + 1 if settings.lookahead() else 0
+    ahead = slots_past_text(settings.lookahead())
     room = self.context - len(ids) - ahead
     where = "prompt" if p.kind == "completion" else "messages"
     if room < 1:
@@ -215,8 +215,8 @@ class Engine:
       # The batch runs to default_max_tokens at least (within the context): each row still ends at its own
       # max_tokens (Job.take), and most batches then share one cache shape, whose programs warm() compiles. A seeded
       # sample keeps its own, so that its K (k='auto' reads the run's length) and draws are decode.py's.
-      ahead = s.lookahead() + 1 if s.lookahead() else 0
-      n = max(n, min(self.default_max_tokens, self.context - max(len(j.ids) for j in jobs) - ahead))
+      room = self.context - max(len(j.ids) for j in jobs) - slots_past_text(s.lookahead())
+      n = max(n, min(self.default_max_tokens, room))
     return DecodeOptions(max_new_tokens=n, temperature=s.temperature, top_p=s.top_p,
                          seed=secrets.randbits(63) if s.seed is None else s.seed, eos_id=self.pipe.tokenizer.eos_ids)
 
